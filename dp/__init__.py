@@ -1,0 +1,1 @@
+"""Differential privacy, with no federated-learning knowledge (next issues)."""

@@ -1,0 +1,282 @@
+"""The experiment configuration: typed sections, defaults, validation, TOML in and out.
+
+A configuration is built from (in order) the defaults, a TOML file, and ``--set key=value``
+overrides. Every key is checked before any work starts: an unknown key, a wrong type, a value out
+of range or a combination that cannot run raises :class:`fedsec.errors.ConfigError` naming the key.
+Keys of privacy layers that have not landed yet are accepted only at their defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import math
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fedsec.errors import ConfigError
+
+
+def _opt(default: Any, doc: str, check: Callable[[Any], bool] | None = None,
+         choices: tuple[Any, ...] | None = None, available: tuple[Any, ...] | None = None) -> Any:
+    """A config field: default, one-line doc of the allowed values, and its validation."""
+    return field(default=default, metadata={"doc": doc, "check": check, "choices": choices,
+                                            "available": available})
+
+
+def _positive(v: float) -> bool:
+    return v > 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _opt("breast_cancer", "one of breast_cancer, digits, synthetic",
+                        choices=("breast_cancer", "digits", "synthetic"))
+    clients: int = _opt(4, "an integer >= 1 (K, the number of clients)", lambda v: v >= 1)
+    partition: str = _opt("iid", "one of iid, unbalanced, shards, dirichlet, feature_bias",
+                          choices=("iid", "unbalanced", "shards", "dirichlet", "feature_bias"))
+    alpha: float = _opt(0.5, "a number > 0 (Dirichlet concentration)", _positive)
+    shards_per_client: int = _opt(2, "an integer >= 1", lambda v: v >= 1)
+    test_fraction: float = _opt(0.2, "a number in (0, 1)", lambda v: 0 < v < 1)
+    setup: int = _opt(1, "1, 2, 3 or 4 (synthetic set-up)", choices=(1, 2, 3, 4))
+    samples: int = _opt(2000, "an integer >= 10 x clients (synthetic samples in all)",
+                        lambda v: v >= 10)
+    features: int = _opt(10, "an integer in [1, 1000] (synthetic features)",
+                         lambda v: 1 <= v <= 1000)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _opt("logreg", "one of logreg, mlp, cnn", choices=("logreg", "mlp", "cnn"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd", choices=("fedavg", "fedsgd"))
+    local_epochs: int = _opt(1, "an integer >= 1 (E)", lambda v: v >= 1)
+    batch_size: int = _opt(16, "an integer >= 0 (B; 0 = the full local batch)", lambda v: v >= 0)
+    lr: float = _opt(0.1, "a number > 0", _positive)
+    fraction: float = _opt(1.0, "a number in (0, 1] (C, share of clients per round)",
+                           lambda v: 0 < v <= 1)
+    target_accuracy: float = _opt(0.0, "a number in [0, 1] (0 = no target)",
+                                  lambda v: 0 <= v <= 1)
+    stop_tol: float = _opt(0.0, "a number >= 0 (0 = never stop on the update norm)",
+                           lambda v: v >= 0)
+
+
+@dataclass(frozen=True)
+class SecureConfig:
+    aggregation: str = _opt("none", "one of none, masking, paillier",
+                            choices=("none", "masking", "paillier"), available=("none",))
+    graph: str = _opt("complete", "one of complete, harary", choices=("complete", "harary"),
+                      available=("complete",))
+    threshold: int = _opt(0, "an integer >= 0 (0 = chosen by the protocol)", lambda v: v >= 0,
+                          available=(0,))
+    dropout: float = _opt(0.0, "a number in [0, 1)", lambda v: 0 <= v < 1, available=(0.0,))
+    key_bits: int = _opt(2048, "2048 or 3072", choices=(2048, 3072), available=(2048,))
+
+
+@dataclass(frozen=True)
+class DPConfig:
+    mode: str = _opt("none", "one of none, dpsgd, client", choices=("none", "dpsgd", "client"),
+                     available=("none",))
+    noise_multiplier: float = _opt(0.0, "a number >= 0 (0 = calibrated from target_epsilon)",
+                                   lambda v: v >= 0, available=(0.0,))
+    max_grad_norm: float = _opt(1.0, "a number > 0", _positive, available=(1.0,))
+    target_epsilon: float = _opt(0.0, "a number >= 0 (0 = no target)", lambda v: v >= 0,
+                                 available=(0.0,))
+    delta: float = _opt(1e-5, "a number in (0, 1)", lambda v: 0 < v < 1, available=(1e-5,))
+    accountant: str = _opt("pld", "one of pld, prv, rdp", choices=("pld", "prv", "rdp"),
+                           available=("pld",))
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
+
+    seed: int = _opt(0, "an integer in [0, 2**63)", lambda v: 0 <= v < 2**63)
+    rounds: int = _opt(20, "an integer >= 1", lambda v: v >= 1)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    secure: SecureConfig = field(default_factory=SecureConfig)
+    dp: DPConfig = field(default_factory=DPConfig)
+
+    def to_toml(self) -> str:
+        """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
+        lines = [f"{f.name} = {_toml_value(getattr(self, f.name))}" for f in _scalar_fields(self)]
+        for section in _section_fields(self):
+            lines.append(f"\n[{section.name}]")
+            value = getattr(self, section.name)
+            lines.extend(f"{f.name} = {_toml_value(getattr(value, f.name))}" for f in fields(value))
+        return "\n".join(lines) + "\n"
+
+    def sha256(self) -> str:
+        """SHA-256 of :meth:`to_toml`, identifying the configuration."""
+        return hashlib.sha256(self.to_toml().encode()).hexdigest()
+
+
+def _scalar_fields(obj: Any) -> list[dataclasses.Field]:
+    return [f for f in fields(obj) if not dataclasses.is_dataclass(f.default_factory)
+            and f.default is not dataclasses.MISSING]
+
+
+def _section_fields(obj: Any) -> list[dataclasses.Field]:
+    return [f for f in fields(obj) if f.default is dataclasses.MISSING]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def key_fields() -> dict[str, tuple[type, dataclasses.Field]]:
+    """Every config key (``section.name`` or ``name``) with its type and field."""
+    keys: dict[str, tuple[type, dataclasses.Field]] = {}
+    for f in _scalar_fields(ExperimentConfig):
+        keys[f.name] = (_type_of(ExperimentConfig, f), f)
+    for section in _section_fields(ExperimentConfig):
+        cls = section.default_factory
+        for f in fields(cls):
+            keys[f"{section.name}.{f.name}"] = (_type_of(cls, f), f)
+    return keys
+
+
+def _type_of(cls: type, f: dataclasses.Field) -> type:
+    return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+
+
+def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if type(value) is not kind:
+        raise ConfigError(key, f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value!r}")
+    return value
+
+
+def _flatten(table: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in table.items():
+        if isinstance(value, Mapping):
+            for sub, inner in value.items():
+                if isinstance(inner, Mapping):
+                    raise ConfigError(f"{name}.{sub}", "nested tables are not allowed")
+                flat[f"{name}.{sub}"] = inner
+        else:
+            flat[name] = value
+    return flat
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` from ``--set``: the value as TOML, or a bare word as a string."""
+    if "=" not in text:
+        raise ConfigError(text, "an override must look like key=value")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def make_config(values: Mapping[str, Any] | None = None) -> ExperimentConfig:
+    """Build and validate a configuration from flat ``{"section.key": value}`` entries."""
+    keys = key_fields()
+    resolved: dict[str, Any] = {}
+    for key, value in (values or {}).items():
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see the config reference in README.md"
+            raise ConfigError(key, f"unknown key ({hint})")
+        kind, f = keys[key]
+        value = _coerce(key, kind, value)
+        meta = f.metadata
+        if meta["choices"] is not None and value not in meta["choices"]:
+            allowed = ", ".join(repr(c) for c in meta["choices"])
+            raise ConfigError(key, f"must be one of {allowed}; got {value!r}")
+        if meta["check"] is not None and not meta["check"](value):
+            raise ConfigError(key, f"must be {meta['doc']}; got {value!r}")
+        if meta["available"] is not None and value not in meta["available"]:
+            allowed = ", ".join(repr(c) for c in meta["available"])
+            raise ConfigError(
+                key, f"{value!r} is not available yet in this version of fedsec (now: {allowed})"
+            )
+        resolved[key] = value
+    top = {k: v for k, v in resolved.items() if "." not in k}
+    sections: dict[str, Any] = {}
+    for section in _section_fields(ExperimentConfig):
+        entries = {k.split(".", 1)[1]: v for k, v in resolved.items()
+                   if k.startswith(section.name + ".")}
+        sections[section.name] = section.default_factory(**entries)
+    config = ExperimentConfig(**top, **sections)
+    _check_combinations(config)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
+    """Defaults, then the TOML file at ``path`` (if any), then ``key=value`` overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                values.update(_flatten(tomllib.load(handle)))
+        except OSError as error:
+            raise ConfigError("config", f"cannot read {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError("config", f"{path} is not valid TOML: {error}") from None
+    for text in overrides:
+        key, value = parse_override(text)
+        values[key] = value
+    return make_config(values)
+
+
+def _check_combinations(config: ExperimentConfig) -> None:
+    """Cross-key checks that need no data loaded beyond the bundled label arrays."""
+    data, model = config.data, config.model
+    if model.name == "cnn" and data.dataset != "digits":
+        raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
+                                        f"got data.dataset = {data.dataset!r}")
+    if data.dataset == "synthetic":
+        if data.partition != "iid":
+            raise ConfigError("data.partition", "does not apply to data.dataset = 'synthetic' "
+                                                "(data.setup 1-4 fixes how clients differ)")
+        if data.samples < 10 * data.clients:
+            raise ConfigError("data.samples", f"must be >= 10 x data.clients = "
+                                              f"{10 * data.clients}; got {data.samples}")
+        if data.setup == 2 and data.clients < 3:
+            raise ConfigError("data.clients", "synthetic set-up 2 (client 3's damaged sensor) "
+                                              f"needs >= 3 clients; got {data.clients}")
+        return
+    n_train = training_samples(data.dataset, data.test_fraction)
+    if data.clients > n_train:
+        raise ConfigError("data.clients", f"must be <= the {n_train} training samples of "
+                                          f"{data.dataset}; got {data.clients}")
+    if data.partition == "shards" and data.clients * data.shards_per_client > n_train:
+        raise ConfigError("data.shards_per_client", f"data.clients x data.shards_per_client must be "
+                                                    f"<= {n_train} training samples; got "
+                                                    f"{data.clients * data.shards_per_client}")
+
+
+def training_samples(dataset: str, test_fraction: float) -> int:
+    """Number of training samples left after the stratified test split of a bundled data set."""
+    import numpy as np
+
+    from fl_core.data import stratified_split
+    from fl_core.datasets import load_pool
+
+    _, y, _ = load_pool(dataset)
+    train, _ = stratified_split(y, test_fraction=test_fraction, rng=np.random.default_rng(0))
+    return int(train.size)

@@ -1,0 +1,39 @@
+"""PNG plots of a run's history (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fl_core.history import RoundRecord  # noqa: E402
+
+
+def plot_metric(
+    records: Sequence[RoundRecord],
+    *,
+    metric: str,
+    path: str | Path,
+    title: str,
+    ylabel: str,
+    target: float | None = None,
+) -> None:
+    """Plot ``metric`` (a RoundRecord attribute or a ``metrics`` key) per round into ``path``."""
+    rounds = [r.round for r in records]
+    values = [getattr(r, metric) if hasattr(r, metric) else r.metrics.get(metric) for r in records]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ax.plot(rounds, values, marker="o", markersize=3, linewidth=1.5)
+    if target:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.legend(loc="lower right")
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,64 @@
+"""Federated learning with no privacy knowledge: data, models, client updates, the server loop.
+
+The aggregation seam (:class:`AggregationProtocol`) is where privacy layers plug in.
+"""
+
+from fl_core.aggregation import (
+    AggregateResult,
+    AggregationProtocol,
+    ClientUpdate,
+    PlainAggregation,
+)
+from fl_core.client import FedAvg, FedSGD, LocalResult, LocalTrainer, SGDTrainer, Strategy
+from fl_core.data import ArrayDataset, FederatedDataset
+from fl_core.datasets import DATASET_NAMES, load_federated
+from fl_core.errors import (
+    AggregationError,
+    FLError,
+    InvalidParameterError,
+    NonFiniteError,
+    ShapeMismatchError,
+    TooFewClientsError,
+)
+from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
+from fl_core.models import MODEL_NAMES, build_model, evaluate
+from fl_core.parameters import ParameterLayout, get_vector, set_vector
+from fl_core.partition import PARTITION_SCHEMES, partition_indices
+from fl_core.server import FederatedServer, clients_per_round
+
+__all__ = [
+    "AggregateResult",
+    "AggregationError",
+    "AggregationProtocol",
+    "ArrayDataset",
+    "ClientUpdate",
+    "DATASET_NAMES",
+    "FLError",
+    "FedAvg",
+    "FedSGD",
+    "FederatedDataset",
+    "FederatedServer",
+    "HistoryRecorder",
+    "InvalidParameterError",
+    "LocalResult",
+    "LocalTrainer",
+    "MODEL_NAMES",
+    "NonFiniteError",
+    "PARTITION_SCHEMES",
+    "ParameterLayout",
+    "PlainAggregation",
+    "RoundObserver",
+    "RoundRecord",
+    "SGDTrainer",
+    "ShapeMismatchError",
+    "Strategy",
+    "TooFewClientsError",
+    "TrainingResult",
+    "build_model",
+    "clients_per_round",
+    "evaluate",
+    "get_vector",
+    "load_federated",
+    "partition_indices",
+    "set_vector",
+]

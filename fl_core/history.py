@@ -1,0 +1,152 @@
+"""Round records, the training result, and the observer interface of the server loop."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HISTORY_COLUMNS = (
+    "round",
+    "accuracy",
+    "loss",
+    "epsilon",
+    "delta",
+    "participants",
+    "dropped",
+    "upload_bytes",
+    "seconds",
+)
+"""The contract columns of ``history.csv``, in order; extra columns follow them."""
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round.
+
+    Attributes:
+        round: 1-based round number.
+        accuracy, loss: the global model's test accuracy in [0, 1] and mean test loss after it.
+        train_loss: mean of the participants' local training losses (NaN if none).
+        participants: clients whose updates are in the sum.
+        dropped: sampled clients not in the sum (dropped out, failed, or rejected).
+        upload_bytes: bytes sent by clients to the server this round.
+        seconds: wall time of the round.
+        update_norm: L2 norm of the change of the global parameter vector.
+        status: ``ok``, or ``aborted: <reason>`` when no sum was released (model unchanged).
+        metrics: extra numbers from the protocol and observers (e.g. ``epsilon``, ``delta``).
+    """
+
+    round: int
+    accuracy: float
+    loss: float
+    train_loss: float
+    participants: int
+    dropped: int
+    upload_bytes: int
+    seconds: float
+    update_norm: float
+    status: str = "ok"
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The record as one ``history.csv`` row (contract columns first, blanks where unknown)."""
+        row: dict[str, Any] = {
+            "round": self.round,
+            "accuracy": _fmt(self.accuracy),
+            "loss": _fmt(self.loss),
+            "epsilon": _fmt(self.metrics.get("epsilon")),
+            "delta": _fmt(self.metrics.get("delta")),
+            "participants": self.participants,
+            "dropped": self.dropped,
+            "upload_bytes": self.upload_bytes,
+            "seconds": f"{self.seconds:.4f}",
+            "train_loss": _fmt(self.train_loss),
+            "update_norm": _fmt(self.update_norm),
+            "status": self.status,
+        }
+        for key in sorted(self.metrics):
+            if key not in row:
+                row[key] = _fmt(self.metrics[key])
+        return row
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return repr(float(value))
+
+
+@dataclass
+class TrainingResult:
+    """The outcome of :meth:`fl_core.server.FederatedServer.run`.
+
+    Attributes:
+        vector: the final global parameter vector (the last one every observer accepted).
+        records: one record per round run.
+        rounds_to_target: first round whose accuracy reached the target, or None.
+        stop_reason: why the loop ended (``rounds``, ``target_accuracy``, ``stop_tol``,
+            ``aborts``, or the reason an observer gave).
+    """
+
+    vector: np.ndarray
+    records: list[RoundRecord]
+    rounds_to_target: int | None
+    stop_reason: str
+
+    @property
+    def rounds_run(self) -> int:
+        return len(self.records)
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.records[-1].accuracy if self.records else float("nan")
+
+    @property
+    def best_accuracy(self) -> float:
+        return max((r.accuracy for r in self.records), default=float("nan"))
+
+
+class RoundObserver:
+    """Hooks into the server loop; override what you need (all default to doing nothing).
+
+    ``before_round`` may return a reason string to stop before the round starts (a privacy
+    accountant uses this so the result is the last model within budget).
+    """
+
+    def on_start(self, *, n_clients: int, clients_per_round: int, rounds: int) -> None:
+        """Called once before the first round."""
+
+    def before_round(self, round_index: int) -> str | None:
+        """Return a reason to stop before round ``round_index``, or None to go on."""
+        return None
+
+    def after_round(self, record: RoundRecord) -> None:
+        """Called after each round; may add entries to ``record.metrics``."""
+
+    def on_finish(self, result: TrainingResult) -> None:
+        """Called once after the loop ends."""
+
+
+class HistoryRecorder(RoundObserver):
+    """Keeps every record and writes them as ``history.csv``."""
+
+    def __init__(self) -> None:
+        self.records: list[RoundRecord] = []
+
+    def after_round(self, record: RoundRecord) -> None:
+        self.records.append(record)
+
+    def write_csv(self, path: str | Path) -> None:
+        rows = [r.row() for r in self.records]
+        columns = list(HISTORY_COLUMNS)
+        for row in rows:
+            columns.extend(k for k in row if k not in columns)
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)

@@ -1,0 +1,173 @@
+"""The server round loop: sample, collect client updates, aggregate through the seam, apply."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from torch import nn
+
+from fl_core.aggregation import AggregationProtocol, ClientUpdate
+from fl_core.client import Strategy
+from fl_core.data import FederatedDataset
+from fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
+from fl_core.history import RoundObserver, RoundRecord, TrainingResult
+from fl_core.models import evaluate
+from fl_core.parameters import get_vector, set_vector
+from fl_core.standardize import apply_standardization, federated_moments
+
+
+def clients_per_round(fraction: float, n_clients: int) -> int:
+    """m = max(floor(C * K), 1) clients sampled per round."""
+    return max(int(fraction * n_clients + 1e-9), 1)
+
+
+class FederatedServer:
+    """Runs federated training in simulation over one :class:`FederatedDataset`.
+
+    Args:
+        model: the torch model; its current weights are the initial global model.
+        data: the clients' training data and the global test split.
+        strategy: FedAvg or FedSGD (what clients send, how the server applies it).
+        protocol: the aggregation protocol behind the seam.
+        rounds: maximum number of rounds, >= 1.
+        fraction: C in (0, 1], the share of clients sampled each round.
+        rng: the run's seeded generator (client sampling and local shuffling draw from it).
+        target_accuracy: stop once test accuracy reaches it; None (or 0) = never.
+        stop_tol: stop once the global update's L2 norm falls below it; 0 = never.
+        observers: round observers, called in order (history, accountant, audit, progress).
+        max_consecutive_aborts: stop after this many rounds in a row without a sum, >= 1.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        data: FederatedDataset,
+        strategy: Strategy,
+        protocol: AggregationProtocol,
+        rounds: int,
+        fraction: float = 1.0,
+        rng: np.random.Generator,
+        target_accuracy: float | None = None,
+        stop_tol: float = 0.0,
+        observers: Sequence[RoundObserver] = (),
+        max_consecutive_aborts: int = 3,
+    ) -> None:
+        if rounds < 1:
+            raise InvalidParameterError(f"rounds must be >= 1, got {rounds}")
+        if not 0.0 < fraction <= 1.0:
+            raise InvalidParameterError(f"fraction must be in (0, 1], got {fraction}")
+        if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
+            raise InvalidParameterError(f"target_accuracy must be in [0, 1], got {target_accuracy}")
+        if stop_tol < 0:
+            raise InvalidParameterError(f"stop_tol must be >= 0, got {stop_tol}")
+        if max_consecutive_aborts < 1:
+            raise InvalidParameterError(
+                f"max_consecutive_aborts must be >= 1, got {max_consecutive_aborts}"
+            )
+        self.model = model
+        self.data = data
+        self.strategy = strategy
+        self.protocol = protocol
+        self.rounds = rounds
+        self.fraction = fraction
+        self.rng = rng
+        self.target_accuracy = target_accuracy or None
+        self.stop_tol = stop_tol
+        self.observers = list(observers)
+        self.max_consecutive_aborts = max_consecutive_aborts
+        self.setup_upload_bytes = 0
+
+    def prepare_data(self) -> None:
+        """Standardise features with federation-wide statistics if the data set asks for it."""
+        if self.data.standardize:
+            mean, std, upload = federated_moments(self.data, self.protocol)
+            self.data = apply_standardization(self.data, mean, std)
+            self.setup_upload_bytes += upload
+
+    def run(self) -> TrainingResult:
+        """Train until a stop condition holds and return the result."""
+        self.prepare_data()
+        k = self.data.n_clients
+        m = clients_per_round(self.fraction, k)
+        for observer in self.observers:
+            observer.on_start(n_clients=k, clients_per_round=m, rounds=self.rounds)
+        vector = get_vector(self.model)
+        records: list[RoundRecord] = []
+        rounds_to_target: int | None = None
+        stop_reason = "rounds"
+        aborts_in_a_row = 0
+        for round_index in range(1, self.rounds + 1):
+            veto = next(
+                (r for o in self.observers if (r := o.before_round(round_index)) is not None), None
+            )
+            if veto is not None:
+                stop_reason = veto
+                break
+            record, vector = self._round(round_index, vector, m)
+            records.append(record)
+            for observer in self.observers:
+                observer.after_round(record)
+            aborts_in_a_row = aborts_in_a_row + 1 if record.status != "ok" else 0
+            if self.target_accuracy is not None and record.accuracy >= self.target_accuracy:
+                rounds_to_target = round_index
+                stop_reason = "target_accuracy"
+                break
+            if record.status == "ok" and record.update_norm < self.stop_tol:
+                stop_reason = "stop_tol"
+                break
+            if aborts_in_a_row >= self.max_consecutive_aborts:
+                stop_reason = "aborts"
+                break
+        set_vector(self.model, vector)
+        result = TrainingResult(vector, records, rounds_to_target, stop_reason)
+        for observer in self.observers:
+            observer.on_finish(result)
+        return result
+
+    def _round(self, round_index: int, vector: np.ndarray, m: int) -> tuple[RoundRecord, np.ndarray]:
+        start = time.perf_counter()
+        selected = np.sort(self.rng.choice(self.data.n_clients, size=m, replace=False))
+        seeds = self.rng.integers(0, 2**63 - 1, size=m)
+        updates, losses, failed = [], [], 0
+        for client_id, seed in zip(selected.tolist(), seeds.tolist()):
+            try:
+                local = self.strategy.client_update(
+                    self.model, vector, self.data.clients[client_id], rng=np.random.default_rng(seed)
+                )
+            except NonFiniteError:
+                failed += 1
+                continue
+            updates.append(ClientUpdate(client_id, local.vector, float(local.n_samples)))
+            losses.append(local.loss)
+        status, participants, upload, norm = "ok", 0, 0, 0.0
+        metrics: dict[str, float] = {"failed_clients": float(failed)}
+        try:
+            aggregate = self.protocol.aggregate(round_index, updates)
+        except AggregationError as error:
+            status = f"aborted: {error}"
+        else:
+            new_vector = self.strategy.apply(vector, aggregate.average())
+            norm = float(np.linalg.norm(new_vector.astype(np.float64) - vector))
+            vector = new_vector
+            participants = len(aggregate.participants)
+            upload = aggregate.upload_bytes
+            metrics.update(aggregate.metrics)
+        set_vector(self.model, vector)
+        accuracy, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
+        record = RoundRecord(
+            round=round_index,
+            accuracy=accuracy,
+            loss=loss,
+            train_loss=float(np.mean(losses)) if losses else float("nan"),
+            participants=participants,
+            dropped=m - participants,
+            upload_bytes=upload,
+            seconds=time.perf_counter() - start,
+            update_norm=norm,
+            status=status,
+            metrics=metrics,
+        )
+        return record, vector

@@ -1,0 +1,1 @@
+"""Multi-party protocols composing secagg, dp and fl_core into privacy layers (next issues)."""

@@ -1,0 +1,1 @@
+"""Cryptography for secure aggregation, with no federated-learning knowledge (next issues)."""
