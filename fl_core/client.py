@@ -174,7 +174,7 @@ class FedSGD(Strategy):
         loss.backward()
         grads = [p.grad.reshape(-1) for p in model.parameters()]
         gradient = torch.cat(grads).detach().numpy().astype(np.float32)
-        return LocalResult(_finite(gradient, "local gradient"), len(data), float(loss))
+        return LocalResult(_finite(gradient, "local gradient"), len(data), loss.item())
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
         return (global_vector - np.float32(self.lr) * average).astype(np.float32)

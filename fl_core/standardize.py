@@ -53,3 +53,14 @@ def apply_standardization(
         standardize=False,
         info={**data.info, "feature_mean": mean, "feature_std": std},
     )
+
+
+def linear_in_raw_units(
+    weights: np.ndarray, bias: float, mean: np.ndarray, std: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """Map a linear model trained on z = (x - mean) / std back to raw units.
+
+    Returns ``(intercept, theta)`` with ``intercept + x @ theta == bias + z @ weights`` for all x.
+    """
+    theta = np.asarray(weights, dtype=np.float64) / std
+    return float(bias) - float(np.sum(theta * mean)), theta

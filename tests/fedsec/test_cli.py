@@ -1,0 +1,84 @@
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fedsec.cli import main
+from fedsec.experiment import RUN_FILES
+from fl_core.history import HISTORY_COLUMNS
+
+FAST = ["--set", "rounds=3", "--quiet"]
+
+
+def _history(path):
+    with open(path / "history.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_run_writes_the_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), *FAST]) == 0
+    assert all((out / name).is_file() for name in RUN_FILES)
+    rows = _history(out)
+    assert [int(r["round"]) for r in rows] == [1, 2, 3]
+    assert list(rows[0])[: len(HISTORY_COLUMNS)] == list(HISTORY_COLUMNS)
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"final_accuracy", "best_accuracy", "rounds_run", "rounds_to_target", "epsilon", "delta",
+            "wall_seconds", "config_sha256", "versions"} <= set(summary)
+    assert summary["rounds_run"] == 3 and summary["final_accuracy"] == float(rows[-1]["accuracy"])
+    assert (out / "config.toml").read_text().startswith("seed = 0\nrounds = 3\n")
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["rounds_run"] == 3
+
+
+def test_same_seed_same_history(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        main(["run", "--out", str(tmp_path / name), "--set", "train.fraction=0.5",
+              "--set", "data.clients=8", *FAST])
+        runs.append([{k: v for k, v in r.items() if k != "seconds"} for r in _history(tmp_path / name)])
+    assert runs[0] == runs[1]
+
+
+def test_config_file_and_target_accuracy(tmp_path):
+    config = tmp_path / "exp.toml"
+    config.write_text('rounds = 40\n[train]\ntarget_accuracy = 0.95\n[data]\npartition = "dirichlet"\n')
+    assert main(["run", str(config), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_accuracy"
+    assert summary["rounds_to_target"] == summary["rounds_run"] < 40
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", "nope=1"], ["--set", "data.clients=100000"], ["--set", "train.lr=-3"],
+    ["--set", "secure.aggregation=paillier"], ["/nonexistent/exp.toml"],
+])
+def test_bad_config_exits_2_and_writes_nothing(tmp_path, capsys, args):
+    out = tmp_path / "run"
+    assert main(["run", *args, "--out", str(out), "--quiet"]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedsec: error: ") and "\n" not in err
+
+
+def test_python_dash_m_fedsec(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "fedsec", "run", "--set", "data.dataset=bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "data.dataset: must be one of" in done.stderr
+
+
+@pytest.mark.parametrize("overrides", [
+    ["data.dataset=synthetic", "data.setup=1"], ["data.dataset=synthetic", "data.setup=2"],
+    ["data.dataset=synthetic", "data.setup=3"], ["data.dataset=synthetic", "data.setup=4"],
+    ["data.dataset=digits", "model.name=cnn", "data.clients=10", "data.partition=shards"],
+    ["data.dataset=digits", "model.name=mlp", "train.algorithm=fedsgd", "train.lr=0.5"],
+    ["data.partition=unbalanced"], ["data.partition=feature_bias"],
+])
+def test_datasets_models_and_partitions_run(tmp_path, overrides):
+    args = [a for o in overrides for a in ("--set", o)]
+    assert main(["run", "--out", str(tmp_path / "r"), "--set", "rounds=2", "--quiet", *args]) == 0
+    rows = _history(tmp_path / "r")
+    assert len(rows) == 2 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)

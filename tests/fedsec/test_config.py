@@ -1,0 +1,99 @@
+import pytest
+
+from fedsec.config import ExperimentConfig, key_fields, load_config, make_config, parse_override
+from fedsec.errors import ConfigError
+
+
+def test_defaults_are_the_hospital_experiment():
+    config = load_config()
+    assert config == ExperimentConfig()
+    assert (config.data.dataset, config.data.clients, config.model.name, config.train.algorithm,
+            config.rounds) == ("breast_cancer", 4, "logreg", "fedavg", 20)
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text('rounds = 7\n[data]\ndataset = "digits"\nclients = 12\n[train]\nlr = 1\n')
+    config = load_config(path, ["data.clients=3", "train.algorithm=fedsgd", "model.name='mlp'"])
+    assert config.rounds == 7 and config.data.dataset == "digits" and config.data.clients == 3
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
+    assert config.train.algorithm == "fedsgd" and config.model.name == "mlp"
+
+
+def test_toml_round_trip_and_hash(tmp_path):
+    config = make_config({"seed": 5, "data.partition": "dirichlet", "data.alpha": 0.3})
+    path = tmp_path / "c.toml"
+    path.write_text(config.to_toml())
+    again = load_config(path)
+    assert again == config and again.sha256() == config.sha256()
+    assert make_config({"seed": 6}).sha256() != config.sha256()
+
+
+def test_every_key_is_documented_with_a_default():
+    keys = key_fields()
+    assert {"seed", "rounds", "data.dataset", "train.fraction", "secure.aggregation",
+            "dp.accountant"} <= set(keys)
+    assert all(f.metadata["doc"] for _, f in keys.values())
+
+
+@pytest.mark.parametrize(
+    "override,key,words",
+    [
+        ("data.clinets=3", "data.clinets", "did you mean 'data.clients'"),
+        ("bogus=1", "bogus", "unknown key"),
+        ("data.clients=0", "data.clients", ">= 1"),
+        ("data.clients=2.5", "data.clients", "must be int"),
+        ("train.lr=-1", "train.lr", "> 0"),
+        ("train.lr=nan", "train.lr", "finite"),
+        ("train.fraction=0", "train.fraction", "(0, 1]"),
+        ("data.partition=random", "data.partition", "must be one of"),
+        ("data.dataset=mnist", "data.dataset", "must be one of"),
+        ("train.lr=true", "train.lr", "must be float"),
+        ("secure.aggregation=masking", "secure.aggregation", "not available yet"),
+        ("dp.mode=dpsgd", "dp.mode", "not available yet"),
+        ("data.clients=500", "data.clients", "456 training samples"),
+        ("model.name=cnn", "model.name", "image data"),
+        ("rounds", "rounds", "key=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, key, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert info.value.key == key
+    assert str(info.value).startswith(f"{key}: ") and words in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_shards_need_enough_samples():
+    with pytest.raises(ConfigError, match="data.shards_per_client: .*<= 456"):
+        make_config({"data.partition": "shards", "data.shards_per_client": 200})
+    make_config({"data.partition": "iid", "data.shards_per_client": 200})
+
+
+def test_synthetic_cross_checks():
+    with pytest.raises(ConfigError, match="data.partition"):
+        make_config({"data.dataset": "synthetic", "data.partition": "shards"})
+    with pytest.raises(ConfigError, match="data.samples"):
+        make_config({"data.dataset": "synthetic", "data.clients": 50, "data.samples": 100})
+    with pytest.raises(ConfigError, match="data.clients"):
+        make_config({"data.dataset": "synthetic", "data.setup": 2, "data.clients": 2})
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("rounds = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+    nested = tmp_path / "nested.toml"
+    nested.write_text("[data.extra]\nx = 1\n")
+    with pytest.raises(ConfigError, match="nested"):
+        load_config(nested)
+
+
+def test_parse_override_values():
+    assert parse_override("train.lr=0.5") == ("train.lr", 0.5)
+    assert parse_override("data.dataset=digits") == ("data.dataset", "digits")
+    assert parse_override('data.dataset="digits"') == ("data.dataset", "digits")
+    assert parse_override("rounds = 4") == ("rounds", 4)
