@@ -3,8 +3,8 @@
 Digits CNN, 20 clients, C = 0.5 (10 clients a round), 0.90 target test accuracy. FedAvg runs
 E = 5 local epochs with B = 10; FedSGD sends one full-batch gradient per client. Each algorithm's
 learning rate is tuned over a grid: the reported rounds are the fewest any grid value needed
-(null when none reached the target within the cap). Partitions: ``iid``, and ``shards`` with two
-shards (so about two labels) per client, McMahan's pathological non-IID split.
+(null when none reached the target within the cap ``max_rounds``). Partitions: ``iid``, and
+``shards`` with two shards (so about two labels) per client, McMahan's pathological non-IID split.
 
     python -m benchmarks.fedavg_rounds [--cap 500] [--seed 0]
 
@@ -55,12 +55,21 @@ def rounds_to_target(
     return server.run().rounds_to_target
 
 
-def tuned(partition: str, algorithm: str, lrs: tuple[float, ...], cap: int, **kw) -> tuple[int | None, float | None]:
+def tuned(
+    partition: str, algorithm: str, lrs: tuple[float, ...], cap: int, **kw
+) -> tuple[int | None, float | None]:
+    """The fewest rounds any learning rate in ``lrs`` needed, and that rate (None, None if none did).
+
+    Once some rate reached the target in R rounds, later rates run at most R rounds: a run that
+    needs more cannot be the minimum, so the answer is the same as running each to ``cap``.
+    """
     best: tuple[int | None, float | None] = (None, None)
     for lr in lrs:
+        limit = best[0] or cap
         start = time.perf_counter()
-        rounds = rounds_to_target(partition=partition, algorithm=algorithm, lr=lr, cap=cap, **kw)
-        log(f"{partition:7s} {algorithm:7s} lr={lr:<5g} rounds={rounds} ({time.perf_counter() - start:.1f}s)")
+        rounds = rounds_to_target(partition=partition, algorithm=algorithm, lr=lr, cap=limit, **kw)
+        shown = rounds if rounds is not None else f"not within {limit}"
+        log(f"{partition:7s} {algorithm:7s} lr={lr:<5g} rounds={shown} ({time.perf_counter() - start:.1f}s)")
         if rounds is not None and (best[0] is None or rounds < best[0]):
             best = (rounds, lr)
     return best

@@ -81,7 +81,8 @@ def run_setup(setup: int, rounds: int, seed: int) -> dict:
         tracker = ThetaTracker(server, reference, checkpoints)
         server.observers.append(tracker)
         result = server.run()
-        out[name] = {"rel_distance_by_round": {str(k): round(v, 5) for k, v in sorted(tracker.distances.items())},
+        distances = {str(k): round(v, 5) for k, v in sorted(tracker.distances.items())}
+        out[name] = {"rel_distance_by_round": distances,
                      "accuracy": round(result.final_accuracy, 4)}
         log(f"setup {setup} {name}: {out[name]}")
     return out

@@ -30,7 +30,7 @@ class ArrayDataset:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def subset(self, index: np.ndarray) -> "ArrayDataset":
+    def subset(self, index: np.ndarray) -> ArrayDataset:
         return ArrayDataset(self.x[index], self.y[index])
 
 

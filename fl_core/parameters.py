@@ -25,7 +25,7 @@ class ParameterLayout:
     size: int
 
     @classmethod
-    def of(cls, model: nn.Module) -> "ParameterLayout":
+    def of(cls, model: nn.Module) -> ParameterLayout:
         names, shapes, offsets = [], [], []
         offset = 0
         for name, tensor in model.named_parameters():

@@ -35,8 +35,10 @@ def test_same_seed_same_init_and_global_rng_untouched():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(name="resnet", input_shape=(3,), n_classes=2), dict(name="cnn", input_shape=(30,), n_classes=2),
-     dict(name="cnn", input_shape=(1, 6, 6), n_classes=2), dict(name="logreg", input_shape=(3,), n_classes=1)],
+    [dict(name="resnet", input_shape=(3,), n_classes=2),
+     dict(name="cnn", input_shape=(30,), n_classes=2),
+     dict(name="cnn", input_shape=(1, 6, 6), n_classes=2),
+     dict(name="logreg", input_shape=(3,), n_classes=1)],
 )
 def test_bad_model_arguments(kwargs):
     with pytest.raises(InvalidParameterError):

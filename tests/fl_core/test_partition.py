@@ -90,7 +90,8 @@ def test_feature_bias_separates_clients_in_feature_space():
 @pytest.mark.parametrize(
     "kw",
     [dict(scheme="iid", n_clients=0), dict(scheme="iid", n_clients=11), dict(scheme="nope", n_clients=2),
-     dict(scheme="shards", n_clients=4, shards_per_client=3), dict(scheme="dirichlet", n_clients=2, alpha=0.0)],
+     dict(scheme="shards", n_clients=4, shards_per_client=3),
+     dict(scheme="dirichlet", n_clients=2, alpha=0.0)],
 )
 def test_bad_partition_arguments(kw):
     labels = np.arange(10) % 2
