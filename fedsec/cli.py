@@ -9,8 +9,10 @@ from collections.abc import Sequence
 
 from fedsec.config import load_config
 from fedsec.errors import ConfigError
+from fl_core.errors import FLError
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +51,9 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"fedsec: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except FLError as error:
+        print(f"fedsec: run failed: {error}", file=sys.stderr)
+        return EXIT_FAILED
     print(json.dumps({k: summary[k] for k in ("final_accuracy", "best_accuracy", "rounds_run",
                                               "rounds_to_target", "stop_reason")}))
     return 0

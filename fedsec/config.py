@@ -71,12 +71,16 @@ class TrainConfig:
 @dataclass(frozen=True)
 class SecureConfig:
     aggregation: str = _opt("none", "one of none, masking, paillier",
-                            choices=("none", "masking", "paillier"), available=("none",))
-    graph: str = _opt("complete", "one of complete, harary", choices=("complete", "harary"),
-                      available=("complete",))
-    threshold: int = _opt(0, "an integer >= 0 (0 = chosen by the protocol)", lambda v: v >= 0,
-                          available=(0,))
-    dropout: float = _opt(0.0, "a number in [0, 1)", lambda v: 0 <= v < 1, available=(0.0,))
+                            choices=("none", "masking", "paillier"), available=("none", "masking"))
+    graph: str = _opt("complete", "one of complete, harary", choices=("complete", "harary"))
+    threshold: int = _opt(0, "0 (chosen by the protocol's rule) or an integer >= 2",
+                          lambda v: v == 0 or v >= 2)
+    dropout: float = _opt(0.0, "a number in [0, 1) (simulated dropout fraction)",
+                          lambda v: 0 <= v < 1)
+    clip: float = _opt(1.0, "a number > 0 (update coordinates clipped to [-clip, clip])", _positive)
+    bits: int = _opt(16, "an integer in [1, 32] (quantisation bits per coordinate)",
+                     lambda v: 1 <= v <= 32)
+    active: bool = _opt(False, "true or false (signed keys and survivor list: lying server)")
     key_bits: int = _opt(2048, "2048 or 3072", choices=(2048, 3072), available=(2048,))
 
 
@@ -245,7 +249,21 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
-    data, model = config.data, config.model
+    data, model, secure = config.data, config.model, config.secure
+    if secure.aggregation == "none":
+        for key, default in (("graph", "complete"), ("threshold", 0), ("dropout", 0.0),
+                             ("active", False)):
+            if getattr(secure, key) != default:
+                raise ConfigError(f"secure.{key}", "needs secure.aggregation = 'masking'")
+    if secure.aggregation == "masking":
+        m = max(int(config.train.fraction * data.clients + 1e-9), 1)
+        if m < 2:
+            raise ConfigError("train.fraction", f"secure aggregation needs >= 2 clients a round; "
+                                                f"{data.clients} clients x {config.train.fraction} "
+                                                f"gives {m}")
+        if secure.threshold > m - 1:
+            raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
+                                                  f"got {secure.threshold}")
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
                                         f"got data.dataset = {data.dataset!r}")

@@ -72,7 +72,7 @@ def build_experiment(
         model=model,
         data=data,
         strategy=strategy,
-        protocol=fl_core.PlainAggregation(),
+        protocol=build_protocol(config, data, rng),
         rounds=config.rounds,
         fraction=t.fraction,
         rng=rng,
@@ -81,6 +81,20 @@ def build_experiment(
         observers=[history, *(observers or [])],
     )
     return Experiment(config, data, server, history)
+
+
+def build_protocol(
+    config: ExperimentConfig, data: fl_core.FederatedDataset, rng: np.random.Generator
+) -> fl_core.AggregationProtocol:
+    """The aggregation protocol that ``secure.aggregation`` names."""
+    s = config.secure
+    if s.aggregation == "masking":
+        from protocols.masked import MaskedAggregation
+
+        return MaskedAggregation(
+            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
+            graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active)
+    return fl_core.PlainAggregation()
 
 
 class _RunDirectoryWriter(RoundObserver):

@@ -1,8 +1,8 @@
 """Feature standardisation with federation-wide statistics computed through the seam.
 
-No client reveals its own statistics: each sends its per-feature mean and mean of squares,
-weighted by n_k, to the aggregation protocol (``purpose="statistics"``), and only the global
-moments come back. The global mean and standard deviation then scale every client and the
+No client reveals its own statistics: each sends its per-feature mean, then its mean squared
+deviation from the global mean, weighted by n_k, to the aggregation protocol
+(``purpose="statistics"``), and only the global moments come back. The global mean and standard deviation then scale every client and the
 test split alike, exactly as a centralised scaler on the pooled training data would.
 """
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from fl_core.aggregation import AggregationProtocol, ClientUpdate
 from fl_core.data import ArrayDataset, FederatedDataset
+from fl_core.errors import AggregationError
 
 MIN_STD = 1e-8
 
@@ -19,19 +20,28 @@ MIN_STD = 1e-8
 def federated_moments(
     data: FederatedDataset, protocol: AggregationProtocol
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Return the global per-feature ``(mean, std, upload_bytes)`` of the clients' training data."""
+    """Return the global per-feature ``(mean, std, upload_bytes)`` of the clients' training data.
+
+    Two aggregations: first the n_k-weighted means, then the weighted second moments about the
+    global mean (better conditioned than E[x^2] - mean^2 in fixed point). Raises
+    AggregationError if the protocol had to clip any statistic.
+    """
     d = int(np.prod(data.input_shape))
-    updates = []
-    for k, client in enumerate(data.clients):
-        flat = client.x.reshape(len(client), d).astype(np.float64)
-        moments = np.concatenate([flat.mean(axis=0), (flat**2).mean(axis=0)])
-        updates.append(ClientUpdate(k, moments.astype(np.float32), float(len(client))))
-    result = protocol.aggregate(0, updates, purpose="statistics")
-    average = result.weighted_sum / result.total_weight
-    mean, second = average[:d], average[d:]
-    std = np.sqrt(np.maximum(second - mean**2, 0.0))
+    flats = [c.x.reshape(len(c), d).astype(np.float64) for c in data.clients]
+
+    def aggregate(vectors: list[np.ndarray]) -> tuple[np.ndarray, int]:
+        updates = [ClientUpdate(k, v.astype(np.float32), float(len(data.clients[k])))
+                   for k, v in enumerate(vectors)]
+        result = protocol.aggregate(0, updates, purpose="statistics")
+        if result.metrics.get("clipped", 0) > 0:
+            raise AggregationError("feature statistics exceed the aggregation protocol's range")
+        return result.weighted_sum / result.total_weight, result.upload_bytes
+
+    mean, upload_mean = aggregate([f.mean(axis=0) for f in flats])
+    variance, upload_var = aggregate([((f - mean) ** 2).mean(axis=0) for f in flats])
+    std = np.sqrt(np.maximum(variance, 0.0))
     std[std < MIN_STD] = 1.0
-    return mean, std, result.upload_bytes
+    return mean, std, upload_mean + upload_var
 
 
 def apply_standardization(

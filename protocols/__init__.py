@@ -1,1 +1,6 @@
-"""Multi-party protocols composing secagg, dp and fl_core into privacy layers (next issues)."""
+"""Multi-party protocols composing secagg, dp and fl_core into privacy layers."""
+
+from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from protocols.masked import MaskedAggregation
+
+__all__ = ["ClientAbort", "MalformedMessage", "MaskedAggregation", "ProtocolAbort"]

@@ -1,1 +1,19 @@
-"""Cryptography for secure aggregation, with no federated-learning knowledge (next issues)."""
+"""Cryptography for secure aggregation, with no federated-learning knowledge.
+
+Shamir sharing over GF(2^256 + 297), the AES-CTR mask PRG, X25519/HKDF/AES-GCM/Ed25519 recipes,
+and the shared fixed-point encoder.
+"""
+
+from secagg.encoding import Encoded, FixedPointEncoder
+from secagg.errors import (
+    CryptoError,
+    EncodingError,
+    InvalidArgumentError,
+    ReconstructionError,
+    SecAggError,
+    WrapRiskError,
+)
+from secagg.prg import MaskExpander
+
+__all__ = ["CryptoError", "Encoded", "EncodingError", "FixedPointEncoder", "InvalidArgumentError",
+           "MaskExpander", "ReconstructionError", "SecAggError", "WrapRiskError"]

@@ -49,7 +49,9 @@ def test_every_key_is_documented_with_a_default():
         ("data.partition=random", "data.partition", "must be one of"),
         ("data.dataset=mnist", "data.dataset", "must be one of"),
         ("train.lr=true", "train.lr", "must be float"),
-        ("secure.aggregation=masking", "secure.aggregation", "not available yet"),
+        ("secure.aggregation=paillier", "secure.aggregation", "not available yet"),
+        ("secure.dropout=0.1", "secure.dropout", "needs secure.aggregation = 'masking'"),
+        ("secure.active=1", "secure.active", "must be bool"),
         ("dp.mode=dpsgd", "dp.mode", "not available yet"),
         ("data.clients=500", "data.clients", "456 training samples"),
         ("model.name=cnn", "model.name", "image data"),
@@ -62,6 +64,14 @@ def test_bad_values_name_the_key(override, key, words):
     assert info.value.key == key
     assert str(info.value).startswith(f"{key}: ") and words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_masking_needs_two_clients_a_round_and_a_reachable_threshold():
+    make_config({"secure.aggregation": "masking", "secure.graph": "harary", "secure.active": True})
+    with pytest.raises(ConfigError, match="train.fraction"):
+        make_config({"secure.aggregation": "masking", "train.fraction": 0.25})
+    with pytest.raises(ConfigError, match="secure.threshold: must be <= clients a round - 1 = 3"):
+        make_config({"secure.aggregation": "masking", "secure.threshold": 4})
 
 
 def test_shards_need_enough_samples():

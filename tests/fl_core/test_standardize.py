@@ -11,7 +11,7 @@ def test_federated_moments_equal_the_pooled_statistics():
     pooled = data.pooled().x.astype(np.float64)
     np.testing.assert_allclose(mean, pooled.mean(axis=0), rtol=1e-5)
     np.testing.assert_allclose(std, pooled.std(axis=0), rtol=1e-3)
-    assert upload == 5 * (60 * 4 + 8)
+    assert upload == 2 * 5 * (30 * 4 + 8)
     scaled = apply_standardization(data, mean, std)
     z = scaled.pooled().x
     np.testing.assert_allclose(z.mean(axis=0), 0, atol=1e-3)

@@ -1,0 +1,165 @@
+"""Pairwise-mask secure aggregation behind the ``fl_core`` seam (simulation, in memory).
+
+Each call runs one full protocol round among the given clients: every client encodes its update
+with the shared fixed-point encoder, masks it, and the server learns only the weighted sum of
+the survivors' updates, their total weight and their total clipped-value count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fl_core.errors import InvalidParameterError
+from protocols.errors import ProtocolAbort
+from protocols.masked.client import ClientPolicy, MaskedClient
+from protocols.masked.graph import RingGraph, choose_parameters, shuffled_ring
+from protocols.masked.messages import SERVER, SESSION_BYTES
+from protocols.masked.server import MaskedServer
+from protocols.masked.simulation import DROP_STAGES, RoundTrace, run_round
+from protocols.transport import InMemoryTransport
+from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
+from secagg.keys import SigningKey
+
+STATISTICS_CLIP = float(2**20)
+"""Range of feature statistics (means, centred second moments) sent with purpose='statistics'."""
+
+
+class MaskedAggregation(AggregationProtocol):
+    """SecAgg (complete graph) or SecAgg+ (Harary graph) as an aggregation protocol.
+
+    Args:
+        max_weight: largest client weight n_k (a public bound), >= 1; weights must be integers.
+        clip: update coordinates are clipped to [-clip, clip] before encoding, > 0.
+        bits: quantisation bits per coordinate, in [1, 32].
+        graph: ``complete`` or ``harary``.
+        threshold: t; 0 chooses it by the documented rule of :mod:`protocols.masked.graph`.
+        dropout: simulated dropout fraction in [0, 1): each client drops, with this probability, at
+            a stage drawn uniformly from keys/shares/masked input/unmask.
+        tolerated_dropout: dropout fraction the graph rule provisions for (default: max(0.1, 2 x
+            dropout), capped below 1).
+        tolerated_corrupt: fraction of clients assumed to collude with the server, in [0, 1).
+        active: signed keys and a signed survivor list (consistency check) against a lying server.
+        rng: the run's generator (dropout draws and stochastic rounding; never cryptography).
+    """
+
+    name = "masking"
+
+    def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0, bits: int = 16,
+                 graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
+                 tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
+                 active: bool = False) -> None:
+        if max_weight < 1:
+            raise InvalidParameterError(f"max_weight must be >= 1, got {max_weight}")
+        if not (math.isfinite(clip) and clip > 0):
+            raise InvalidParameterError(f"clip must be a finite number > 0, got {clip}")
+        if not 1 <= bits <= 32:
+            raise InvalidParameterError(f"bits must be in [1, 32], got {bits}")
+        if graph not in ("complete", "harary"):
+            raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
+        if threshold < 0 or threshold == 1:
+            raise InvalidParameterError(f"threshold must be 0 (automatic) or >= 2, got {threshold}")
+        if not 0 <= dropout < 1:
+            raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
+        if not 0 <= tolerated_corrupt < 1:
+            raise InvalidParameterError(f"tolerated_corrupt must be in [0, 1), got {tolerated_corrupt}")
+        self.max_weight, self.clip, self.bits, self.graph = max_weight, float(clip), bits, graph
+        self.threshold, self.dropout, self.active = threshold, dropout, active
+        self.tolerated_dropout = (min(max(0.1, 2 * dropout), 0.9) if tolerated_dropout is None
+                                  else tolerated_dropout)
+        if not 0 <= self.tolerated_dropout < 1:
+            raise InvalidParameterError(f"tolerated_dropout must be in [0, 1), got {tolerated_dropout}")
+        self.tolerated_corrupt = tolerated_corrupt
+        self.rng = rng
+        self._identities: dict[int, SigningKey] = {}
+        self.last_trace: RoundTrace | None = None
+
+    def _encoder(self, n: int, length: int, purpose: Purpose) -> FixedPointEncoder:
+        if purpose == "update":
+            return FixedPointEncoder(clip=self.clip, bits=self.bits, max_clients=n,
+                                     max_weight=self.max_weight, max_length=length)
+        headroom = (n * self.max_weight).bit_length()
+        bits = min(48, MAX_MODULUS_BITS - headroom)
+        if bits < 16:
+            raise ProtocolAbort("statistics: too many clients x weight for a 64-bit modulus")
+        return FixedPointEncoder(clip=STATISTICS_CLIP, bits=bits, max_clients=n,
+                                 max_weight=self.max_weight, max_length=length)
+
+    def parameters(self, n: int) -> tuple[int, int]:
+        """(degree, threshold) this protocol uses for n clients."""
+        chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
+                                   graph=self.graph, active=self.active)
+        threshold = self.threshold or chosen.threshold
+        if not chosen.degree // 2 < threshold <= chosen.degree:
+            raise ProtocolAbort(f"threshold {threshold} is outside ({chosen.degree // 2}, "
+                                f"{chosen.degree}] for {n} clients")
+        return chosen.degree, threshold
+
+    def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
+                  purpose: Purpose = "update") -> AggregateResult:
+        valid, rejected = _validate(updates, self.max_weight)
+        if len(valid) < 2:
+            raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
+        length = int(valid[0].vector.size)
+        if any(u.vector.size != length for u in valid):
+            raise ProtocolAbort("client updates differ in length")
+        n = len(valid)
+        encoder = self._encoder(n, length, purpose)
+        degree, threshold = self.parameters(n)
+        ids = [u.client_id for u in valid]
+        graph = RingGraph(shuffled_ring(ids), degree)
+        session = os.urandom(SESSION_BYTES)
+        directory = None
+        if self.active:
+            for c in ids:
+                self._identities.setdefault(c, SigningKey.generate())
+            directory = {c: self._identities[c].public for c in ids}
+        server = MaskedServer(session=session, round_index=round_index, graph=graph,
+                              threshold=threshold, encoder=encoder, length=length,
+                              active=self.active, directory=directory)
+        clients = {
+            u.client_id: MaskedClient(
+                client_id=u.client_id, session=session, round_index=round_index, update=u.vector,
+                weight=int(u.weight), rng=np.random.default_rng(self.rng.integers(0, 2**63 - 1)),
+                signing_key=self._identities.get(u.client_id), directory=directory,
+                policy=ClientPolicy(require_active=self.active))
+            for u in valid
+        }
+        drops = {}
+        if self.dropout > 0:
+            for c in ids:
+                if self.rng.random() < self.dropout:
+                    drops[c] = int(self.rng.choice(DROP_STAGES))
+        transport = InMemoryTransport()
+        self.last_trace = run_round(server, clients, drop_at=drops, transport=transport)
+        total, survivors = server.result()
+        weighted, total_weight, clipped = encoder.decode(total)
+        requested = [u.client_id for u in updates]
+        return AggregateResult(
+            weighted_sum=weighted,
+            total_weight=float(total_weight),
+            participants=survivors,
+            dropped=tuple(c for c in requested if c not in set(survivors)),
+            upload_bytes=transport.upload_bytes,
+            metrics={"clipped": float(clipped), "rejected": float(len(rejected)),
+                     "client_aborts": float(len(self.last_trace.aborts)),
+                     "secagg_degree": float(degree), "secagg_threshold": float(threshold)},
+        )
+
+
+def _validate(updates: Sequence[ClientUpdate], max_weight: int) -> tuple[list[ClientUpdate], list[int]]:
+    valid, rejected = [], []
+    for u in updates:
+        v = u.vector
+        ok = (isinstance(v, np.ndarray) and v.ndim == 1 and v.size >= 1 and np.isfinite(v).all()
+              and 0 <= u.client_id < SERVER and float(u.weight).is_integer()
+              and 1 <= u.weight <= max_weight)
+        if ok:
+            valid.append(u)
+        else:
+            rejected.append(u.client_id)
+    return valid, rejected

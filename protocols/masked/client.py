@@ -1,0 +1,354 @@
+"""The client of the pairwise-mask protocol: one small state class per stage.
+
+Stages (Bonawitz et al. 2017, Bell et al. 2020 for the sparse graph):
+  params -> AdvertiseKeys -> (key list) ShareKeys -> (forwarded shares) MaskedInput
+  -> [active mode: (survivor list) ConsistencySignature] -> (unmask request) UnmaskResponse.
+
+Every abort rule is an explicit check that raises :class:`ClientAbort` with a reason code; after
+an abort the client answers nothing again. An honest client never reveals both the self-mask
+seed and the mask key of one neighbour, never reveals its own, and never unmasks for a session
+or round other than the one it was started for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocols.errors import ClientAbort, MalformedMessage
+from protocols.masked import messages as m
+from protocols.masked.graph import RingGraph
+from protocols.masked.keys import (
+    consistency_message,
+    key_message,
+    mask_key,
+    self_mask_key,
+    share_box_key,
+    share_box_context,
+)
+from secagg import keys as crypto
+from secagg import shamir
+from secagg.encoding import Encoded, FixedPointEncoder
+from secagg.errors import CryptoError, SecAggError
+from secagg.prg import MaskExpander
+
+# Abort reasons (stable strings; tests and audit logs match on them).
+MALFORMED = "malformed message"
+REPLAY = "message from another session or round"
+UNSAFE_PARAMS = "unsafe or invalid session parameters"
+OWN_KEY = "own key missing, altered or duplicated in the key list"
+DUPLICATE_KEYS = "duplicate clients or keys in the key list"
+BAD_SIGNATURE = "a signature does not verify"
+FEW_NEIGHBOURS = "fewer than t neighbours"
+SHARE_AUTH = "a share ciphertext fails authentication"
+UNKNOWN_CLIENT = "a client that was never in the round"
+BOTH_LISTS = "a client listed as both alive and dropped"
+SELF_DROPPED = "itself listed as dropped"
+FEW_SURVIVORS = "too few survivors"
+INCONSISTENT = "survivor lists disagree"
+ABORTED = "client has aborted"
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """What an honest client insists on before taking part.
+
+    Attributes:
+        require_active: refuse sessions not run in active (signed, consistency-checked) mode.
+        max_length: largest vector length it accepts, bounding the memory a server can demand.
+    """
+
+    require_active: bool = False
+    max_length: int = 1 << 28
+
+
+@dataclass
+class _Context:
+    client_id: int
+    session: bytes
+    round_index: int
+    update: np.ndarray
+    weight: int
+    rng: np.random.Generator
+    signing_key: crypto.SigningKey | None
+    directory: Mapping[int, bytes]
+    policy: ClientPolicy
+    params: m.SessionParams | None = None
+    graph: RingGraph | None = None
+    encoder: FixedPointEncoder | None = None
+    encoded: Encoded | None = None
+    encryption: crypto.KeyPair | None = None
+    masking: crypto.KeyPair | None = None
+    neighbour_keys: dict[int, m.KeyEntry] = field(default_factory=dict)
+    received: dict[int, tuple[int, int]] = field(default_factory=dict)
+    survivors: tuple[int, ...] = ()
+    seed: bytes = b""
+    box_keys: dict[int, bytes] = field(default_factory=dict)
+    clipped: int = 0
+
+    def header(self) -> m.Header:
+        return m.Header(0, self.session, self.round_index, self.client_id, m.SERVER)
+
+    def reply(self, body: m.Body) -> bytes:
+        return m.encode(self.header(), body)
+
+    def read(self, data: bytes, expect: type) -> m.Body:
+        try:
+            header, body = m.decode(data, expect=expect)
+        except MalformedMessage:
+            raise ClientAbort(MALFORMED) from None
+        if header.session != self.session or header.round != self.round_index:
+            raise ClientAbort(REPLAY)
+        if header.sender != m.SERVER or header.recipient != self.client_id:
+            raise ClientAbort(MALFORMED)
+        return body
+
+    @property
+    def threshold(self) -> int:
+        assert self.params is not None
+        return self.params.threshold
+
+
+class _Stage:
+    expects: type
+
+    def __init__(self, ctx: _Context) -> None:
+        self.ctx = ctx
+
+    def handle(self, body: m.Body) -> tuple[_Stage, bytes | None]:
+        raise NotImplementedError
+
+
+class _AwaitParams(_Stage):
+    expects = m.SessionParams
+
+    def handle(self, p: m.SessionParams) -> tuple[_Stage, bytes]:
+        ctx = self.ctx
+        try:
+            graph = RingGraph(tuple(p.ring), p.degree)
+        except SecAggError:
+            raise ClientAbort(UNSAFE_PARAMS) from None
+        if (ctx.client_id not in graph or not (p.degree // 2 < p.threshold <= p.degree)
+                or p.threshold < 2 or p.length != ctx.update.size or p.length > ctx.policy.max_length
+                or p.max_clients < len(p.ring) or (ctx.policy.require_active and not p.active)
+                or (p.active and (ctx.signing_key is None or any(c not in ctx.directory for c in p.ring)))):
+            raise ClientAbort(UNSAFE_PARAMS)
+        try:
+            encoder = FixedPointEncoder(clip=p.clip, bits=p.bits, max_clients=p.max_clients,
+                                        max_weight=p.max_weight, max_length=p.max_length)
+            encoded = encoder.encode(ctx.update, ctx.weight, rng=ctx.rng)
+        except SecAggError:
+            raise ClientAbort(UNSAFE_PARAMS) from None
+        ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
+        ctx.clipped = encoded.clipped
+        ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
+        signature = b""
+        if p.active:
+            assert ctx.signing_key is not None
+            signature = ctx.signing_key.sign(key_message(ctx.session, ctx.round_index, ctx.client_id,
+                                                         ctx.encryption.public, ctx.masking.public))
+        entry = m.KeyEntry(ctx.client_id, ctx.encryption.public, ctx.masking.public, signature)
+        return _AwaitKeyList(ctx), ctx.reply(m.AdvertiseKeys(entry))
+
+
+class _AwaitKeyList(_Stage):
+    expects = m.KeyList
+
+    def handle(self, body: m.KeyList) -> tuple[_Stage, bytes]:
+        ctx = self.ctx
+        assert ctx.graph is not None and ctx.params is not None
+        ids = [e.client for e in body.entries]
+        if len(set(ids)) != len(ids):
+            raise ClientAbort(DUPLICATE_KEYS)
+        own = [e for e in body.entries if e.client == ctx.client_id]
+        if (len(own) != 1 or own[0].encryption_key != ctx.encryption.public
+                or own[0].mask_key != ctx.masking.public):
+            raise ClientAbort(OWN_KEY)
+        all_keys = [e.encryption_key for e in body.entries] + [e.mask_key for e in body.entries]
+        if len(set(all_keys)) != len(all_keys):
+            raise ClientAbort(DUPLICATE_KEYS)
+        for e in body.entries:
+            if e.client != ctx.client_id and not ctx.graph.is_neighbour(ctx.client_id, e.client):
+                raise ClientAbort(UNKNOWN_CLIENT)
+            if ctx.params.active:
+                try:
+                    crypto.verify(ctx.directory[e.client], e.signature,
+                                  key_message(ctx.session, ctx.round_index, e.client,
+                                              e.encryption_key, e.mask_key))
+                except CryptoError:
+                    raise ClientAbort(BAD_SIGNATURE) from None
+        neighbours = {e.client: e for e in body.entries if e.client != ctx.client_id}
+        if len(neighbours) < ctx.threshold:
+            raise ClientAbort(FEW_NEIGHBOURS)
+        ctx.neighbour_keys = neighbours
+        seed = os.urandom(shamir.SECRET_BYTES)
+        ctx.seed = seed
+        holders = sorted(neighbours, key=lambda v: ctx.graph.x_of(ctx.client_id, v))
+        xs = [ctx.graph.x_of(ctx.client_id, v) for v in holders]
+        shares = shamir.split([seed, ctx.masking.private], threshold=ctx.threshold, xs=xs)
+        sealed = []
+        for j, v in enumerate(holders):
+            plaintext = shamir.share_to_bytes(int(shares[0, j])) + shamir.share_to_bytes(int(shares[1, j]))
+            box = share_box_key(ctx.encryption, neighbours[v].encryption_key,
+                                ctx.session, ctx.round_index, ctx.client_id, v)
+            ctx.box_keys[v] = box
+            sealed.append((v, crypto.seal(box, plaintext, share_box_context(
+                ctx.session, ctx.round_index, ctx.client_id, v))))
+        return _AwaitShares(ctx), ctx.reply(m.ShareKeys(tuple(sealed)))
+
+
+class _AwaitShares(_Stage):
+    expects = m.ForwardedShares
+
+    def handle(self, body: m.ForwardedShares) -> tuple[_Stage, bytes]:
+        ctx = self.ctx
+        assert ctx.encoder is not None and ctx.encoded is not None
+        senders = [v for v, _ in body.sealed]
+        if len(set(senders)) != len(senders):
+            raise ClientAbort(DUPLICATE_KEYS)
+        if any(v not in ctx.neighbour_keys for v in senders):
+            raise ClientAbort(UNKNOWN_CLIENT)
+        if len(senders) < ctx.threshold:
+            raise ClientAbort(FEW_NEIGHBOURS)
+        for v, sealed in body.sealed:
+            try:
+                plain = crypto.open_sealed(ctx.box_keys[v], sealed, share_box_context(
+                    ctx.session, ctx.round_index, v, ctx.client_id))
+                seed_share = shamir.share_from_bytes(plain[: shamir.SHARE_BYTES])
+                key_share = shamir.share_from_bytes(plain[shamir.SHARE_BYTES:])
+            except (CryptoError, shamir.ReconstructionError):
+                raise ClientAbort(SHARE_AUTH) from None
+            if len(plain) != 2 * shamir.SHARE_BYTES:
+                raise ClientAbort(SHARE_AUTH)
+            ctx.received[v] = (seed_share, key_share)
+        words = ctx.encoded.words.copy()
+        expander = MaskExpander(length=words.size, modulus_bits=ctx.encoder.modulus_bits)
+        expander.add_into(self_mask_key(ctx.seed, ctx.session, ctx.round_index, ctx.client_id),
+                          words, sign=+1)
+        for v in sorted(ctx.received):
+            key = mask_key(ctx.masking, ctx.neighbour_keys[v].mask_key, ctx.session,
+                           ctx.round_index, ctx.client_id, v)
+            expander.add_into(key, words, sign=+1 if ctx.client_id < v else -1)
+        ctx.encoder.reduce(words)
+        ctx.encoded = None  # the unmasked input is no longer needed
+        nxt: _Stage = _AwaitConsistency(ctx) if ctx.params.active else _AwaitUnmask(ctx)
+        return nxt, ctx.reply(m.MaskedInput(ctx.encoder.to_bytes(words)))
+
+
+class _AwaitConsistency(_Stage):
+    expects = m.ConsistencyRequest
+
+    def handle(self, body: m.ConsistencyRequest) -> tuple[_Stage, bytes]:
+        ctx = self.ctx
+        survivors = tuple(sorted(body.survivors))
+        if len(set(survivors)) != len(survivors) or any(c not in ctx.graph for c in survivors):
+            raise ClientAbort(UNKNOWN_CLIENT)
+        if ctx.client_id not in survivors:
+            raise ClientAbort(SELF_DROPPED)
+        if sum(1 for v in survivors if v in ctx.received) < ctx.threshold:
+            raise ClientAbort(FEW_SURVIVORS)
+        ctx.survivors = survivors
+        signature = ctx.signing_key.sign(consistency_message(ctx.session, ctx.round_index, survivors))
+        return _AwaitUnmask(ctx), ctx.reply(m.ConsistencySignature(signature))
+
+
+class _AwaitUnmask(_Stage):
+    expects = m.UnmaskRequest
+
+    def handle(self, body: m.UnmaskRequest) -> tuple[_Stage, bytes]:
+        ctx = self.ctx
+        alive, dropped = set(body.alive), set(body.dropped)
+        if len(alive) != len(body.alive) or len(dropped) != len(body.dropped):
+            raise ClientAbort(MALFORMED)
+        if alive & dropped:
+            raise ClientAbort(BOTH_LISTS)
+        if ctx.client_id in dropped:
+            raise ClientAbort(SELF_DROPPED)
+        others = (alive | dropped) - {ctx.client_id}
+        if any(v not in ctx.received for v in others):
+            raise ClientAbort(UNKNOWN_CLIENT)
+        if len(alive - {ctx.client_id}) < ctx.threshold:
+            raise ClientAbort(FEW_SURVIVORS)
+        if ctx.params.active:
+            self._check_signatures(body, alive, dropped)
+        shares = [(v, m.SHARE_OF_SEED, shamir.share_to_bytes(ctx.received[v][0]))
+                  for v in sorted(alive - {ctx.client_id})]
+        shares += [(v, m.SHARE_OF_MASK_KEY, shamir.share_to_bytes(ctx.received[v][1]))
+                   for v in sorted(dropped)]
+        ctx.received.clear()
+        ctx.box_keys.clear()
+        return _Done(ctx), ctx.reply(m.UnmaskResponse(tuple(shares)))
+
+    def _check_signatures(self, body: m.UnmaskRequest, alive: set[int], dropped: set[int]) -> None:
+        ctx = self.ctx
+        survivors = set(ctx.survivors)
+        if not alive <= survivors or dropped & survivors:
+            raise ClientAbort(INCONSISTENT)
+        message = consistency_message(ctx.session, ctx.round_index, ctx.survivors)
+        signers = set()
+        for v, signature in body.signatures:
+            if v in signers or v not in survivors or v not in ctx.graph:
+                raise ClientAbort(INCONSISTENT)
+            try:
+                crypto.verify(ctx.directory[v], signature, message)
+            except CryptoError:
+                raise ClientAbort(BAD_SIGNATURE) from None
+            signers.add(v)
+        if len(signers - {ctx.client_id}) < ctx.threshold:
+            raise ClientAbort(FEW_SURVIVORS)
+
+
+class _Done(_Stage):
+    expects = type(None)
+
+
+class MaskedClient:
+    """One honest client for one (session, round).
+
+    Args:
+        client_id: its id, as listed in the server's ring.
+        session: the 16-byte session id it expects (messages of any other session are refused).
+        round_index: the round it expects.
+        update: its float vector (length fixed by the session parameters).
+        weight: its integer weight n_k.
+        rng: randomness for stochastic rounding only (keys, seeds and masks use the OS CSPRNG).
+        signing_key: its long-term Ed25519 key (active mode).
+        directory: long-term Ed25519 public keys of all clients, by id (active mode).
+        policy: what it insists on.
+    """
+
+    def __init__(self, *, client_id: int, session: bytes, round_index: int, update: np.ndarray,
+                 weight: int, rng: np.random.Generator, signing_key: crypto.SigningKey | None = None,
+                 directory: Mapping[int, bytes] | None = None, policy: ClientPolicy | None = None) -> None:
+        ctx = _Context(client_id, session, round_index, update, weight, rng, signing_key,
+                       dict(directory or {}), policy or ClientPolicy())
+        self._stage: _Stage | None = _AwaitParams(ctx)
+        self._ctx = ctx
+        self.abort_reason: str | None = None
+
+    @property
+    def stage(self) -> str:
+        return "aborted" if self._stage is None else type(self._stage).__name__.strip("_")
+
+    @property
+    def clipped(self) -> int:
+        """Values clipped when its update was encoded (0 before the parameters arrive)."""
+        return self._ctx.clipped
+
+    def handle(self, data: bytes) -> bytes | None:
+        """Process one message from the server; returns the reply, or raises ClientAbort."""
+        if self._stage is None or isinstance(self._stage, _Done):
+            raise ClientAbort(ABORTED if self._stage is None else MALFORMED)
+        stage = self._stage
+        try:
+            body = self._ctx.read(data, stage.expects)
+            nxt, reply = stage.handle(body)
+        except ClientAbort as abort:
+            self._stage = None
+            self.abort_reason = abort.reason
+            raise
+        self._stage = nxt
+        return reply

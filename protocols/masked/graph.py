@@ -1,0 +1,159 @@
+"""The masking graph: clients on a ring shuffled with a CSPRNG, each linked to its k nearest.
+
+``degree = n - 1`` is the complete graph of SecAgg (Bonawitz et al. 2017); an even
+``degree < n - 1`` is the Harary graph H(k, n) of SecAgg+ (Bell et al. 2020): client u is linked to
+the k/2 clients on either side of it on the ring. Clients mask with, and share their secrets
+among, their neighbours only.
+
+Shares carry small x-coordinates: the holder at ring offset o = pos(v) - pos(u) (mod n) from the
+owner u gets x = o for o <= k/2 and x = o - n + k + 1 for the k/2 on the other side, so every
+owner's x-coordinates are 1..k, and reconstructing from the smallest answering ones keeps the
+Lagrange coefficients cheap (see :mod:`secagg.shamir`).
+
+The (degree, threshold) rule, :func:`choose_parameters`, for n clients of which at most a
+fraction ``dropout`` drop out and a fraction ``corrupt`` collude with the server, with failure
+probabilities 2^-eta (correctness) and 2^-sigma (security), union-bounded over the n clients.
+With a random ring, the numbers of corrupt (C) and dropped (D) neighbours of a client are
+hypergeometric (k draws from the other n - 1 clients). Let c and d be their (1 - 2^-x / n) quantiles.
+Then the threshold is t = max(floor(k/2) + 1, c + 1), so the corrupt neighbours alone can never
+reconstruct a secret and no two disjoint honest groups both can; in active mode
+t = floor((k + c) / 2) + 1, so even a server that shows honest clients different survivor lists
+cannot collect t shares of both secrets of one client. The degree is the smallest even k with
+k - d >= t (enough survivors to unmask everyone); if none below n - 1 works, the graph is complete.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from functools import cached_property
+
+from scipy.stats import hypergeom
+
+from secagg.errors import InvalidArgumentError
+
+DEFAULT_SIGMA = 40
+DEFAULT_ETA = 20
+
+
+@dataclass(frozen=True)
+class RingGraph:
+    """Clients in ring order and the degree k (n - 1 = complete)."""
+
+    ring: tuple[int, ...]
+    degree: int
+
+    def __post_init__(self) -> None:
+        n = len(self.ring)
+        if n < 2:
+            raise InvalidArgumentError("a masking graph needs at least 2 clients")
+        if len(set(self.ring)) != n:
+            raise InvalidArgumentError("the ring lists a client twice")
+        if not (self.degree == n - 1 or (self.degree % 2 == 0 and 2 <= self.degree < n - 1)):
+            raise InvalidArgumentError(
+                f"degree must be n - 1 = {n - 1} (complete) or even in [2, {n - 2}], got {self.degree}")
+
+    @property
+    def complete(self) -> bool:
+        return self.degree == len(self.ring) - 1
+
+    @cached_property
+    def _position(self) -> dict[int, int]:
+        return {client: i for i, client in enumerate(self.ring)}
+
+    def __contains__(self, client: int) -> bool:
+        return client in self._position
+
+    def x_of(self, owner: int, holder: int) -> int:
+        """x-coordinate (1..k) of ``holder``'s share of ``owner``'s secrets; 0 if not neighbours."""
+        n = len(self.ring)
+        offset = (self._position[holder] - self._position[owner]) % n
+        if offset == 0:
+            return 0
+        if self.complete:
+            return offset
+        half = self.degree // 2
+        if offset <= half:
+            return offset
+        if offset >= n - half:
+            return offset - n + self.degree + 1
+        return 0
+
+    def neighbours(self, client: int) -> tuple[int, ...]:
+        """The k neighbours of ``client``, ordered by their x-coordinate."""
+        n, p = len(self.ring), self._position[client]
+        if self.complete:
+            return tuple(self.ring[(p + o) % n] for o in range(1, n))
+        half = self.degree // 2
+        return tuple(self.ring[(p + o) % n] for o in list(range(1, half + 1)) + list(range(-half, 0)))
+
+    def is_neighbour(self, u: int, v: int) -> bool:
+        return u in self._position and v in self._position and self.x_of(u, v) > 0
+
+
+def shuffled_ring(clients: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """The clients in an order drawn with the OS CSPRNG (the server cannot be steered by a seed)."""
+    order = list(clients)
+    secrets.SystemRandom().shuffle(order)
+    return tuple(order)
+
+
+def _quantile(n_others: int, bad: int, draws: int, exponent: float) -> int:
+    """Smallest c with P[Hypergeom(n_others, bad, draws) > c] <= 2^-exponent."""
+    if bad <= 0:
+        return 0
+    dist = hypergeom(n_others, bad, draws)
+    bound = 2.0 ** -exponent
+    for c in range(min(bad, draws) + 1):
+        if dist.sf(c) <= bound:
+            return c
+    return min(bad, draws)
+
+
+def threshold_for(k: int, corrupt_neighbours: int, *, active: bool) -> int:
+    """t for degree k given the bound on corrupt neighbours (see the module docstring)."""
+    if active:
+        return (k + corrupt_neighbours) // 2 + 1
+    return max(k // 2 + 1, corrupt_neighbours + 1)
+
+
+@dataclass(frozen=True)
+class GraphParameters:
+    degree: int
+    threshold: int
+    corrupt_bound: int
+    dropout_bound: int
+
+
+def choose_parameters(
+    n: int, *, dropout: float, corrupt: float, graph: str = "harary", active: bool = False,
+    sigma: float = DEFAULT_SIGMA, eta: float = DEFAULT_ETA,
+) -> GraphParameters:
+    """Degree and threshold for n clients (module docstring); ``graph='complete'`` fixes k = n - 1.
+
+    Args:
+        n: clients in the round, >= 2.
+        dropout: tolerated dropout fraction, in [0, 1).
+        corrupt: tolerated fraction of clients colluding with the server, in [0, 1).
+        graph: ``harary`` (smallest sufficient k) or ``complete``.
+        active: threshold for a server that deviates from the protocol.
+        sigma, eta: security and correctness parameters in bits, > 0.
+    """
+    if n < 2:
+        raise InvalidArgumentError(f"need at least 2 clients, got {n}")
+    if not (0 <= dropout < 1 and 0 <= corrupt < 1):
+        raise InvalidArgumentError(f"dropout and corrupt must be in [0, 1), got {dropout}, {corrupt}")
+    if graph not in ("harary", "complete"):
+        raise InvalidArgumentError(f"graph must be 'harary' or 'complete', got {graph!r}")
+    others = n - 1
+    bad_c, bad_d = math.floor(corrupt * n), math.ceil(dropout * n)
+    union = math.log2(n)
+    candidates = [] if graph == "complete" else list(range(2, n - 1, 2))
+    for k in candidates + [n - 1]:
+        c = _quantile(others, bad_c, k, sigma + union)
+        d = _quantile(others, bad_d, k, eta + union)
+        t = threshold_for(k, c, active=active)
+        if k - d >= t or k == n - 1:
+            return GraphParameters(k, min(t, k), c, d)
+    raise AssertionError("unreachable: the complete graph is always a candidate")

@@ -1,0 +1,264 @@
+"""The messages of the pairwise-mask protocol and their canonical wire form.
+
+Every message starts with the same header: magic ``FSM1``, kind, 16-byte session id, round,
+sender and recipient (the server is ``SERVER``). :func:`decode` checks the header against what
+the receiver expects (kind, session, round, sender or recipient) before the body is trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocols.errors import MalformedMessage
+from protocols.wire import Reader, Writer
+from secagg.keys import KEY_BYTES, SIGNATURE_BYTES
+from secagg.shamir import SHARE_BYTES
+
+MAGIC = b"FSM1"
+SESSION_BYTES = 16
+SERVER = 2**64 - 1
+SHARE_OF_SEED = 0
+SHARE_OF_MASK_KEY = 1
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    session: bytes
+    round: int
+    sender: int
+    recipient: int
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """Server -> client: who is in the round and every public parameter of it."""
+
+    KIND: ClassVar[int] = 1
+    ring: tuple[int, ...]
+    degree: int
+    threshold: int
+    length: int
+    clip: float
+    bits: int
+    max_clients: int
+    max_weight: int
+    max_length: int
+    active: bool
+
+    def write(self, w: Writer) -> None:
+        w.ids(self.ring).u32(self.degree).u32(self.threshold).u64(self.length).f64(self.clip)
+        w.u8(self.bits).u32(self.max_clients).u64(self.max_weight).u64(self.max_length)
+        w.u8(int(self.active))
+
+    @classmethod
+    def read(cls, r: Reader) -> SessionParams:
+        params = cls(r.ids(), r.u32(), r.u32(), r.u64(), r.f64(), r.u8(), r.u32(), r.u64(), r.u64(),
+                     bool(r.u8()))
+        if not math.isfinite(params.clip):
+            raise MalformedMessage("clip is not finite")
+        return params
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    client: int
+    encryption_key: bytes
+    mask_key: bytes
+    signature: bytes
+
+
+def _write_key_entry(w: Writer, e: KeyEntry) -> None:
+    w.u64(e.client).fixed(e.encryption_key, KEY_BYTES).fixed(e.mask_key, KEY_BYTES).blob(e.signature)
+
+
+def _read_key_entry(r: Reader) -> KeyEntry:
+    entry = KeyEntry(r.u64(), r.fixed(KEY_BYTES), r.fixed(KEY_BYTES), r.blob())
+    if len(entry.signature) not in (0, SIGNATURE_BYTES):
+        raise MalformedMessage("a signature has the wrong size")
+    return entry
+
+
+@dataclass(frozen=True)
+class AdvertiseKeys:
+    """Client -> server: its two fresh X25519 public keys (and their signature, active mode)."""
+
+    KIND: ClassVar[int] = 2
+    entry: KeyEntry
+
+    def write(self, w: Writer) -> None:
+        _write_key_entry(w, self.entry)
+
+    @classmethod
+    def read(cls, r: Reader) -> AdvertiseKeys:
+        return cls(_read_key_entry(r))
+
+
+@dataclass(frozen=True)
+class KeyList:
+    """Server -> client: the advertised keys of the client's neighbours (and its own)."""
+
+    KIND: ClassVar[int] = 3
+    entries: tuple[KeyEntry, ...]
+
+    def write(self, w: Writer) -> None:
+        w.u32(len(self.entries))
+        for e in self.entries:
+            _write_key_entry(w, e)
+
+    @classmethod
+    def read(cls, r: Reader) -> KeyList:
+        return cls(tuple(_read_key_entry(r) for _ in range(r.count())))
+
+
+@dataclass(frozen=True)
+class ShareKeys:
+    """Client -> server: one sealed share bundle per neighbour, keyed by recipient."""
+
+    KIND: ClassVar[int] = 4
+    sealed: tuple[tuple[int, bytes], ...]
+
+    def write(self, w: Writer) -> None:
+        w.u32(len(self.sealed))
+        for client, blob in self.sealed:
+            w.u64(client).blob(blob)
+
+    @classmethod
+    def read(cls, r: Reader) -> ShareKeys:
+        return cls(tuple((r.u64(), r.blob()) for _ in range(r.count())))
+
+
+@dataclass(frozen=True)
+class ForwardedShares(ShareKeys):
+    """Server -> client: the sealed bundles addressed to it, keyed by sender."""
+
+    KIND: ClassVar[int] = 5
+
+
+@dataclass(frozen=True)
+class MaskedInput:
+    """Client -> server: its masked input words, ceil(b / 8) bytes each."""
+
+    KIND: ClassVar[int] = 6
+    words: bytes
+
+    def write(self, w: Writer) -> None:
+        w.blob(self.words)
+
+    @classmethod
+    def read(cls, r: Reader) -> MaskedInput:
+        return cls(r.blob())
+
+
+@dataclass(frozen=True)
+class ConsistencyRequest:
+    """Server -> client (active mode): the clients whose masked inputs the server holds."""
+
+    KIND: ClassVar[int] = 7
+    survivors: tuple[int, ...]
+
+    def write(self, w: Writer) -> None:
+        w.ids(self.survivors)
+
+    @classmethod
+    def read(cls, r: Reader) -> ConsistencyRequest:
+        return cls(r.ids())
+
+
+@dataclass(frozen=True)
+class ConsistencySignature:
+    """Client -> server (active mode): its signature over the survivor list."""
+
+    KIND: ClassVar[int] = 8
+    signature: bytes
+
+    def write(self, w: Writer) -> None:
+        w.fixed(self.signature, SIGNATURE_BYTES)
+
+    @classmethod
+    def read(cls, r: Reader) -> ConsistencySignature:
+        return cls(r.fixed(SIGNATURE_BYTES))
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Server -> client: neighbours alive and dropped (active mode: survivors' signatures too)."""
+
+    KIND: ClassVar[int] = 9
+    alive: tuple[int, ...]
+    dropped: tuple[int, ...]
+    signatures: tuple[tuple[int, bytes], ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.ids(self.alive).ids(self.dropped).u32(len(self.signatures))
+        for client, sig in self.signatures:
+            w.u64(client).fixed(sig, SIGNATURE_BYTES)
+
+    @classmethod
+    def read(cls, r: Reader) -> UnmaskRequest:
+        alive, dropped = r.ids(), r.ids()
+        return cls(alive, dropped, tuple((r.u64(), r.fixed(SIGNATURE_BYTES)) for _ in range(r.count())))
+
+
+@dataclass(frozen=True)
+class UnmaskResponse:
+    """Client -> server: (owner, which secret, share) for each neighbour it was asked about."""
+
+    KIND: ClassVar[int] = 10
+    shares: tuple[tuple[int, int, bytes], ...]
+
+    def write(self, w: Writer) -> None:
+        w.u32(len(self.shares))
+        for owner, which, share in self.shares:
+            w.u64(owner).u8(which).fixed(share, SHARE_BYTES)
+
+    @classmethod
+    def read(cls, r: Reader) -> UnmaskResponse:
+        shares = tuple((r.u64(), r.u8(), r.fixed(SHARE_BYTES)) for _ in range(r.count()))
+        if any(which not in (SHARE_OF_SEED, SHARE_OF_MASK_KEY) for _, which, _ in shares):
+            raise MalformedMessage("unknown share kind")
+        return cls(shares)
+
+
+MESSAGE_TYPES = {cls.KIND: cls for cls in (SessionParams, AdvertiseKeys, KeyList, ShareKeys,
+                                          ForwardedShares, MaskedInput, ConsistencyRequest,
+                                          ConsistencySignature, UnmaskRequest, UnmaskResponse)}
+
+Body = (SessionParams | AdvertiseKeys | KeyList | ShareKeys | MaskedInput | ConsistencyRequest
+        | ConsistencySignature | UnmaskRequest | UnmaskResponse)
+
+
+def encode(header: Header, body: Body) -> bytes:
+    """Header and body as bytes."""
+    w = Writer().fixed(MAGIC, 4).u8(body.KIND).fixed(header.session, SESSION_BYTES)
+    w.u64(header.round).u64(header.sender).u64(header.recipient)
+    body.write(w)
+    return w.getvalue()
+
+
+def decode(data: bytes, *, expect: type, session: bytes | None = None, round_index: int | None = None,
+           sender: int | None = None, recipient: int | None = None) -> tuple[Header, Body]:
+    """Parse ``data`` as a message of type ``expect`` and check its header.
+
+    Raises:
+        MalformedMessage: bad bytes, another kind, or a header (session, round, sender,
+            recipient) other than the one given, e.g. a replay from another session or round.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedMessage("a message must be bytes")
+    r = Reader(bytes(data))
+    if r.fixed(4) != MAGIC:
+        raise MalformedMessage("bad magic")
+    kind = r.u8()
+    if kind != expect.KIND:
+        raise MalformedMessage(f"expected message kind {expect.KIND}, got {kind}")
+    header = Header(kind, r.fixed(SESSION_BYTES), r.u64(), r.u64(), r.u64())
+    for name, want, got in (("session", session, header.session), ("round", round_index, header.round),
+                            ("sender", sender, header.sender), ("recipient", recipient, header.recipient)):
+        if want is not None and want != got:
+            raise MalformedMessage(f"message for another {name}")
+    body = expect.read(r)
+    r.end()
+    return header, body

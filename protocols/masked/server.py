@@ -1,0 +1,336 @@
+"""The server of the pairwise-mask protocol: one small state class per stage.
+
+The server drives the round: :meth:`MaskedServer.outgoing` gives the messages of the current
+stage, :meth:`MaskedServer.receive` takes the clients' answers (a malformed or unexpected answer
+removes its sender from the round and is counted, never trusted), :meth:`MaskedServer.close`
+ends the stage. A stage that leaves fewer than t clients, or any client of the sum with fewer than
+t answering share holders, raises :class:`protocols.errors.ProtocolAbort`: never a wrong sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocols.errors import MalformedMessage, ProtocolAbort
+from protocols.masked import messages as m
+from protocols.masked.graph import RingGraph
+from protocols.masked.keys import consistency_message, key_message, mask_key, self_mask_key
+from secagg import keys as crypto
+from secagg import shamir
+from secagg.encoding import FixedPointEncoder
+from secagg.errors import CryptoError, ReconstructionError, SecAggError
+from secagg.prg import MaskExpander
+
+
+@dataclass
+class _Round:
+    session: bytes
+    round_index: int
+    graph: RingGraph
+    params: m.SessionParams
+    encoder: FixedPointEncoder
+    directory: Mapping[int, bytes]
+    keys: dict[int, m.KeyEntry] = field(default_factory=dict)
+    sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    total: np.ndarray | None = None
+    survivors: tuple[int, ...] = ()
+    signatures: dict[int, bytes] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def threshold(self) -> int:
+        return self.params.threshold
+
+    def message(self, recipient: int, body: m.Body) -> bytes:
+        return m.encode(m.Header(0, self.session, self.round_index, m.SERVER, recipient), body)
+
+    def require(self, clients: int, stage: str) -> None:
+        if clients < self.threshold:
+            raise ProtocolAbort(f"{stage}: {clients} client(s) left, threshold is {self.threshold}")
+
+
+class _Stage:
+    expects: type
+    name: str
+
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        self.r = r
+        self.members = members
+        self.answers: dict[int, m.Body] = {}
+
+    def outgoing(self) -> dict[int, bytes]:
+        raise NotImplementedError
+
+    def accept(self, sender: int, body: m.Body) -> None:
+        """Validate one answer beyond parsing; raise MalformedMessage to reject its sender."""
+
+    def close(self) -> _Stage | None:
+        raise NotImplementedError
+
+
+class _AdvertiseKeys(_Stage):
+    expects, name = m.AdvertiseKeys, "advertise keys"
+
+    def outgoing(self) -> dict[int, bytes]:
+        return {c: self.r.message(c, self.r.params) for c in self.members}
+
+    def accept(self, sender: int, body: m.AdvertiseKeys) -> None:
+        e = body.entry
+        if e.client != sender:
+            raise MalformedMessage("key entry names another client")
+        if self.r.params.active:
+            try:
+                crypto.verify(self.r.directory[sender], e.signature,
+                              key_message(self.r.session, self.r.round_index, sender,
+                                          e.encryption_key, e.mask_key))
+            except CryptoError:
+                raise MalformedMessage("key signature does not verify") from None
+
+    def close(self) -> _Stage:
+        seen: set[bytes] = set()
+        for c, body in sorted(self.answers.items()):
+            e = body.entry
+            if e.encryption_key in seen or e.mask_key in seen or e.encryption_key == e.mask_key:
+                self.r.rejected[c] = "duplicate public key"
+                continue
+            seen.update((e.encryption_key, e.mask_key))
+            self.r.keys[c] = e
+        self.r.require(len(self.r.keys), self.name)
+        return _ShareKeys(self.r, tuple(sorted(self.r.keys)))
+
+
+class _ShareKeys(_Stage):
+    expects, name = m.ShareKeys, "share keys"
+
+    def outgoing(self) -> dict[int, bytes]:
+        out = {}
+        for c in self.members:
+            entries = tuple(self.r.keys[v] for v in self.members
+                            if v == c or self.r.graph.is_neighbour(c, v))
+            out[c] = self.r.message(c, m.KeyList(entries))
+        return out
+
+    def accept(self, sender: int, body: m.ShareKeys) -> None:
+        recipients = [v for v, _ in body.sealed]
+        expected = {v for v in self.members if self.r.graph.is_neighbour(sender, v)}
+        if len(set(recipients)) != len(recipients) or set(recipients) != expected:
+            raise MalformedMessage("share bundles are not addressed to exactly the neighbours")
+        size = crypto.NONCE_BYTES + 2 * shamir.SHARE_BYTES + crypto.TAG_BYTES
+        if any(len(blob) != size for _, blob in body.sealed):
+            raise MalformedMessage("a share bundle has the wrong size")
+
+    def close(self) -> _Stage:
+        for c, body in self.answers.items():
+            self.r.sealed[c] = dict(body.sealed)
+        self.r.require(len(self.answers), self.name)
+        return _MaskedInput(self.r, tuple(sorted(self.answers)))
+
+
+class _MaskedInput(_Stage):
+    expects, name = m.MaskedInput, "masked input"
+
+    def outgoing(self) -> dict[int, bytes]:
+        out = {}
+        for c in self.members:
+            bundles = tuple((v, self.r.sealed[v][c]) for v in self.members if c in self.r.sealed[v])
+            out[c] = self.r.message(c, m.ForwardedShares(bundles))
+        return out
+
+    def accept(self, sender: int, body: m.MaskedInput) -> None:
+        try:
+            words = self.r.encoder.from_bytes(body.words, self.r.params.length + 2)
+        except SecAggError:
+            raise MalformedMessage("masked input has the wrong size or range") from None
+        if self.r.total is None:
+            self.r.total = np.zeros(words.size, dtype=self.r.encoder.dtype)
+        self.answers[sender] = body
+        np.add(self.r.total, words, out=self.r.total)
+
+    def close(self) -> _Stage:
+        self.r.survivors = tuple(sorted(self.answers))
+        self.r.require(len(self.r.survivors), self.name)
+        if self.r.params.active:
+            return _Consistency(self.r, self.r.survivors)
+        return _Unmask(self.r, self.r.survivors)
+
+
+class _Consistency(_Stage):
+    expects, name = m.ConsistencySignature, "consistency check"
+
+    def outgoing(self) -> dict[int, bytes]:
+        request = m.ConsistencyRequest(self.r.survivors)
+        return {c: self.r.message(c, request) for c in self.members}
+
+    def accept(self, sender: int, body: m.ConsistencySignature) -> None:
+        try:
+            crypto.verify(self.r.directory[sender], body.signature,
+                          consistency_message(self.r.session, self.r.round_index, self.r.survivors))
+        except CryptoError:
+            raise MalformedMessage("survivor signature does not verify") from None
+
+    def close(self) -> _Stage:
+        self.r.signatures = {c: body.signature for c, body in self.answers.items()}
+        self.r.require(len(self.r.signatures), self.name)
+        return _Unmask(self.r, tuple(sorted(self.r.signatures)))
+
+
+class _Unmask(_Stage):
+    expects, name = m.UnmaskResponse, "unmask"
+
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        alive = set(r.survivors)
+        self.dropped = tuple(sorted(set(r.sealed) - alive))
+        self.asked: dict[int, dict[int, int]] = {}
+        for c in members:
+            ask = {v: m.SHARE_OF_SEED for v in r.survivors if v != c and r.graph.is_neighbour(c, v)
+                   and c in r.sealed[v]}
+            ask.update({d: m.SHARE_OF_MASK_KEY for d in self.dropped
+                        if r.graph.is_neighbour(c, d) and c in r.sealed[d]})
+            self.asked[c] = ask
+        self.shares: dict[tuple[int, int], dict[int, int]] = {}
+
+    def outgoing(self) -> dict[int, bytes]:
+        out = {}
+        for c in self.members:
+            ask = self.asked[c]
+            alive = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_SEED)
+            dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
+            sigs = tuple((v, self.r.signatures[v]) for v in sorted(self.r.signatures)
+                         if v != c and self.r.graph.is_neighbour(c, v))
+            out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs))
+        return out
+
+    def accept(self, sender: int, body: m.UnmaskResponse) -> None:
+        ask = self.asked[sender]
+        if len(body.shares) != len(ask) or {o: k for o, k, _ in body.shares} != ask:
+            raise MalformedMessage("unmask response does not answer exactly what was asked")
+        try:
+            values = [(o, k, shamir.share_from_bytes(s)) for o, k, s in body.shares]
+        except ReconstructionError:
+            raise MalformedMessage("a share is not a field element") from None
+        self.answers[sender] = body
+        for owner, kind, value in values:
+            self.shares.setdefault((owner, kind), {})[self.r.graph.x_of(owner, sender)] = value
+
+    def _secret(self, owner: int, kind: int) -> bytes:
+        points = self.shares.get((owner, kind), {})
+        if len(points) < self.r.threshold:
+            raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
+                                f"threshold is {self.r.threshold}")
+        xs = sorted(points)[: self.r.threshold]
+        values = np.array([[points[x] for x in xs]], dtype=object)
+        return shamir.combine(xs, values)[0]
+
+    def close(self) -> None:
+        r = self.r
+        assert r.total is not None
+        expander = MaskExpander(length=r.total.size, modulus_bits=r.encoder.modulus_bits)
+        total = r.total
+        for u in r.survivors:
+            seed = self._secret(u, m.SHARE_OF_SEED)
+            expander.add_into(self_mask_key(seed, r.session, r.round_index, u), total, sign=-1)
+        for d in self.dropped:
+            partners = [v for v in r.survivors if r.graph.is_neighbour(d, v) and d in r.sealed
+                        and v in r.sealed[d]]
+            if not partners:
+                continue
+            try:
+                recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
+            except CryptoError:
+                recovered = None
+            if recovered is None or recovered.public != r.keys[d].mask_key:
+                raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
+            for v in partners:
+                key = mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d)
+                # v added +mask if v < d else -mask; remove exactly that.
+                expander.add_into(key, total, sign=-1 if v < d else +1)
+        r.encoder.reduce(total)
+        return None
+
+
+class MaskedServer:
+    """The server side of one round.
+
+    Args:
+        session: 16 random bytes naming the session.
+        round_index: the round number (>= 0).
+        graph: the ring and degree (:func:`protocols.masked.graph.shuffled_ring`).
+        threshold: t, with degree // 2 < t <= degree.
+        encoder: the shared fixed-point encoder (its bound must cover len(ring) clients).
+        length: m, the update length (the weight and the clipped count travel as two more words).
+        active: run the signed consistency check (needs ``directory``).
+        directory: long-term Ed25519 public keys of the clients, by id.
+    """
+
+    def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
+                 encoder: FixedPointEncoder, length: int, active: bool = False,
+                 directory: Mapping[int, bytes] | None = None) -> None:
+        if len(session) != m.SESSION_BYTES:
+            raise ValueError(f"session id must be {m.SESSION_BYTES} bytes")
+        if not graph.degree // 2 < threshold <= graph.degree or threshold < 2:
+            raise ValueError(f"threshold must be in ({graph.degree // 2}, {graph.degree}] and >= 2, "
+                             f"got {threshold}")
+        if encoder.max_clients < len(graph.ring) or encoder.max_length < length:
+            raise ValueError("the encoder's max_clients or max_length is below this round's")
+        if active and (directory is None or any(c not in directory for c in graph.ring)):
+            raise ValueError("active mode needs every client's long-term public key")
+        params = m.SessionParams(graph.ring, graph.degree, threshold, length, encoder.clip,
+                                 encoder.bits, encoder.max_clients, encoder.max_weight,
+                                 encoder.max_length, active)
+        self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}))
+        self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
+
+    @property
+    def stage(self) -> str:
+        return "done" if self._stage is None else self._stage.name
+
+    @property
+    def done(self) -> bool:
+        return self._stage is None
+
+    @property
+    def rejected(self) -> dict[int, str]:
+        """Clients removed for a malformed or invalid message, with the reason."""
+        return dict(self._round.rejected)
+
+    def outgoing(self) -> dict[int, bytes]:
+        """Messages of the current stage, by recipient."""
+        if self._stage is None:
+            return {}
+        return self._stage.outgoing()
+
+    def receive(self, sender: int, data: bytes) -> None:
+        """Take one client's answer. An invalid one removes the sender and is recorded."""
+        stage = self._stage
+        if stage is None or sender not in stage.members or sender in stage.answers:
+            # Ignored and recorded; a first, valid answer of this stage stays in force.
+            self._round.rejected.setdefault(sender, "unexpected or repeated message")
+            return
+        try:
+            _, body = m.decode(data, expect=stage.expects, session=self._round.session,
+                               round_index=self._round.round_index, sender=sender, recipient=m.SERVER)
+            stage.accept(sender, body)
+        except MalformedMessage as error:
+            self._round.rejected[sender] = str(error)
+            return
+        stage.answers.setdefault(sender, body)
+
+    def close(self) -> None:
+        """End the current stage. Raises ProtocolAbort when the round cannot complete."""
+        if self._stage is None:
+            raise ProtocolAbort("the round is already complete")
+        try:
+            self._stage = self._stage.close()
+        except ProtocolAbort:
+            self._stage = None
+            raise
+
+    def result(self) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The unmasked sum of the survivors' encoded inputs (mod 2^b) and the survivors."""
+        if self._stage is not None or self._round.total is None:
+            raise ProtocolAbort("the round has not completed")
+        return self._round.total, self._round.survivors

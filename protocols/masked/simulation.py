@@ -1,0 +1,66 @@
+"""Runs one masked round in memory: the server, its clients, dropouts, and a transport.
+
+Dropout stages: a client set to drop at stage s answers the stages before s and nothing from s on.
+1 = after advertising keys, 2 = after sharing keys, 3 = after sending its masked input,
+4 = during unmasking (in active mode 3 means it skips the consistency check too).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from protocols.errors import ClientAbort
+from protocols.masked.client import MaskedClient
+from protocols.masked.server import MaskedServer
+from protocols.transport import InMemoryTransport, Transport
+
+DROP_STAGES = (1, 2, 3, 4)
+_STAGE_INDEX = {"advertise keys": 0, "share keys": 1, "masked input": 2, "consistency check": 3,
+                "unmask": 4}
+
+
+@dataclass
+class RoundTrace:
+    """What happened to each client, and the time each party spent."""
+
+    aborts: dict[int, str] = field(default_factory=dict)
+    client_seconds: dict[int, float] = field(default_factory=dict)
+    server_seconds: float = 0.0
+
+
+def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
+              drop_at: Mapping[int, int] | None = None, transport: Transport | None = None) -> RoundTrace:
+    """Drive ``server`` and ``clients`` until the round completes; ProtocolAbort propagates."""
+    transport = transport or InMemoryTransport()
+    drops = dict(drop_at or {})
+    trace = RoundTrace(client_seconds={c: 0.0 for c in clients})
+    while not server.done:
+        stage = _STAGE_INDEX[server.stage]
+        start = time.perf_counter()
+        outgoing = server.outgoing()
+        trace.server_seconds += time.perf_counter() - start
+        for client_id, message in outgoing.items():
+            transport.to_client(client_id, message)
+            if drops.get(client_id, 99) <= stage or client_id in trace.aborts:
+                continue
+            start = time.perf_counter()
+            try:
+                reply = clients[client_id].handle(message)
+            except ClientAbort as abort:
+                trace.aborts[client_id] = abort.reason
+                continue
+            finally:
+                trace.client_seconds[client_id] += time.perf_counter() - start
+            if reply is not None:
+                transport.to_server(client_id, reply)
+                start = time.perf_counter()
+                server.receive(client_id, reply)
+                trace.server_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            server.close()
+        finally:
+            trace.server_seconds += time.perf_counter() - start
+    return trace

@@ -1,0 +1,106 @@
+"""A small canonical binary codec for protocol messages (big-endian, length-prefixed, no pickle).
+
+Every read is bounds-checked; anything short, long or out of range raises
+:class:`protocols.errors.MalformedMessage`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from protocols.errors import MalformedMessage
+
+MAX_LIST = 1 << 20
+MAX_BLOB = 1 << 31
+
+
+class Writer:
+    """Appends fields to a byte buffer."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def u8(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">B", value))
+        return self
+
+    def u32(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">I", value))
+        return self
+
+    def u64(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">Q", value))
+        return self
+
+    def f64(self, value: float) -> Writer:
+        self._parts.append(struct.pack(">d", value))
+        return self
+
+    def fixed(self, data: bytes, size: int) -> Writer:
+        if len(data) != size:
+            raise MalformedMessage(f"field must be {size} bytes, got {len(data)}")
+        self._parts.append(data)
+        return self
+
+    def blob(self, data: bytes) -> Writer:
+        self.u32(len(data))
+        self._parts.append(data)
+        return self
+
+    def ids(self, values: list[int] | tuple[int, ...]) -> Writer:
+        self.u32(len(values))
+        self._parts.append(struct.pack(f">{len(values)}Q", *values))
+        return self
+
+    def getvalue(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class Reader:
+    """Reads fields from bytes, refusing anything out of bounds."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+        self._pos = 0
+
+    def _take(self, size: int) -> memoryview:
+        if size < 0 or self._pos + size > len(self._data):
+            raise MalformedMessage("message is truncated")
+        view = self._data[self._pos : self._pos + size]
+        self._pos += size
+        return view
+
+    def u8(self) -> int:
+        return self._take(1)[0]
+
+    def u32(self) -> int:
+        return struct.unpack(">I", self._take(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack(">Q", self._take(8))[0]
+
+    def f64(self) -> float:
+        return struct.unpack(">d", self._take(8))[0]
+
+    def fixed(self, size: int) -> bytes:
+        return bytes(self._take(size))
+
+    def blob(self) -> bytes:
+        size = self.u32()
+        if size > MAX_BLOB:
+            raise MalformedMessage("blob too large")
+        return bytes(self._take(size))
+
+    def count(self) -> int:
+        n = self.u32()
+        if n > MAX_LIST:
+            raise MalformedMessage("list too long")
+        return n
+
+    def ids(self) -> tuple[int, ...]:
+        n = self.count()
+        return struct.unpack(f">{n}Q", self._take(8 * n))
+
+    def end(self) -> None:
+        if self._pos != len(self._data):
+            raise MalformedMessage("trailing bytes after the message")
