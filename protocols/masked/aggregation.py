@@ -25,7 +25,7 @@ from protocols.transport import InMemoryTransport
 from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
 from secagg.keys import SigningKey
 
-STATISTICS_CLIP = float(2**20)
+STATISTICS_CLIP = float(2**24)
 """Range of feature statistics (means, centred second moments) sent with purpose='statistics'."""
 
 

@@ -283,9 +283,12 @@ class MaskedServer:
                                  encoder.max_length, active)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
+        self.abort_reason: str | None = None
 
     @property
     def stage(self) -> str:
+        if self.abort_reason is not None:
+            return "aborted"
         return "done" if self._stage is None else self._stage.name
 
     @property
@@ -325,12 +328,15 @@ class MaskedServer:
             raise ProtocolAbort("the round is already complete")
         try:
             self._stage = self._stage.close()
-        except ProtocolAbort:
+        except ProtocolAbort as abort:
             self._stage = None
+            self.abort_reason = str(abort)
             raise
 
     def result(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """The unmasked sum of the survivors' encoded inputs (mod 2^b) and the survivors."""
+        if self.abort_reason is not None:
+            raise ProtocolAbort(f"the round aborted: {self.abort_reason}")
         if self._stage is not None or self._round.total is None:
             raise ProtocolAbort("the round has not completed")
         return self._round.total, self._round.survivors

@@ -1,0 +1,63 @@
+"""Build one masked round (server + honest clients) for tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters, shuffled_ring
+from secagg.encoding import FixedPointEncoder
+from secagg.keys import SigningKey
+
+
+@dataclass
+class Session:
+    server: MaskedServer
+    clients: dict[int, MaskedClient]
+    encoder: FixedPointEncoder
+    updates: dict[int, np.ndarray]
+    weights: dict[int, int]
+    seeds: dict[int, int]
+    graph: RingGraph
+    threshold: int
+    session: bytes
+    round_index: int
+    identities: dict[int, SigningKey]
+
+    def expected_sum(self, survivors) -> np.ndarray:
+        """The plain sum of the survivors' encoded inputs, mod 2^b."""
+        total = np.zeros(self.updates[survivors[0]].size + 2, dtype=object)
+        for c in survivors:
+            words = self.encoder.encode(self.updates[c], self.weights[c],
+                                        rng=np.random.default_rng(self.seeds[c])).words
+            total = total + words.astype(object)
+        return (total % (1 << self.encoder.modulus_bits)).astype(self.encoder.dtype)
+
+
+def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", active: bool = False,
+                 threshold: int | None = None, round_index: int = 7, seed: int = 0,
+                 dropout: float = 0.2) -> Session:
+    rng = np.random.default_rng(seed)
+    ids = [int(x) for x in rng.choice(10_000, size=n, replace=False)]
+    params = choose_parameters(n, dropout=dropout, corrupt=0.1, graph=graph, active=active)
+    t = threshold or params.threshold
+    ring = RingGraph(shuffled_ring(ids), params.degree)
+    encoder = FixedPointEncoder(clip=1.0, bits=12, max_clients=n, max_weight=100, max_length=length)
+    session = os.urandom(16)
+    identities = {c: SigningKey.generate() for c in ids}
+    directory = {c: k.public for c, k in identities.items()}
+    updates = {c: rng.normal(0, 0.5, length).astype(np.float32) for c in ids}
+    weights = {c: int(rng.integers(1, 101)) for c in ids}
+    seeds = {c: int(rng.integers(0, 2**32)) for c in ids}
+    server = MaskedServer(session=session, round_index=round_index, graph=ring, threshold=t,
+                          encoder=encoder, length=length, active=active,
+                          directory=directory if active else None)
+    clients = {c: MaskedClient(client_id=c, session=session, round_index=round_index,
+                               update=updates[c], weight=weights[c],
+                               rng=np.random.default_rng(seeds[c]), signing_key=identities[c],
+                               directory=directory)
+               for c in ids}
+    return Session(server, clients, encoder, updates, weights, seeds, ring, t, session, round_index,
+                   identities)
