@@ -2,8 +2,9 @@
 
 No client reveals its own statistics: each sends its per-feature mean, then its mean squared
 deviation from the global mean, weighted by n_k, to the aggregation protocol
-(``purpose="statistics"``), and only the global moments come back. The global mean and standard deviation then scale every client and the
-test split alike, exactly as a centralised scaler on the pooled training data would.
+(``purpose="statistics"``), and only the global moments come back. The global mean and standard
+deviation then scale every client and the test split alike, exactly as a centralised scaler on
+the pooled training data would.
 """
 
 from __future__ import annotations

@@ -47,6 +47,15 @@ class Writer:
         self._parts.append(data)
         return self
 
+    def records(self, layout: struct.Struct, rows: list | tuple) -> Writer:
+        """A count, then fixed-size records packed with ``layout`` (one per row)."""
+        self.u32(len(rows))
+        try:
+            self._parts.append(b"".join(layout.pack(*row) for row in rows))
+        except struct.error as error:
+            raise MalformedMessage(f"a record does not fit its layout: {error}") from None
+        return self
+
     def ids(self, values: list[int] | tuple[int, ...]) -> Writer:
         self.u32(len(values))
         self._parts.append(struct.pack(f">{len(values)}Q", *values))
@@ -60,7 +69,7 @@ class Reader:
     """Reads fields from bytes, refusing anything out of bounds."""
 
     def __init__(self, data: bytes) -> None:
-        self._data = memoryview(data)
+        self._data = memoryview(data).toreadonly()
         self._pos = 0
 
     def _take(self, size: int) -> memoryview:
@@ -91,11 +100,23 @@ class Reader:
             raise MalformedMessage("blob too large")
         return bytes(self._take(size))
 
+    def view(self) -> memoryview:
+        """A length-prefixed blob as a read-only view into the message (no copy)."""
+        size = self.u32()
+        if size > MAX_BLOB:
+            raise MalformedMessage("blob too large")
+        return self._take(size)
+
     def count(self) -> int:
         n = self.u32()
         if n > MAX_LIST:
             raise MalformedMessage("list too long")
         return n
+
+    def records(self, layout: struct.Struct) -> list[tuple]:
+        """A count, then that many fixed-size records unpacked with ``layout``."""
+        n = self.count()
+        return list(layout.iter_unpack(self._take(n * layout.size))) if n else []
 
     def ids(self) -> tuple[int, ...]:
         n = self.count()

@@ -9,8 +9,8 @@ A client's update x (length m) with integer weight w becomes m + 2 words:
 aggregation the server learns only the total). Summing at most ``max_clients`` such vectors, each
 with w <= ``max_weight`` and m <= ``max_length``, gives at most
 max_clients * max(max_weight * L, max_length) per word, so the modulus 2^b with b the bit length of
-that bound never wraps; a configuration that would need b > 64 is refused up front. Decoding the sum gives sum_k w_k x_k and sum_k w_k exactly up to
-quantisation (each word's rounding error is below 2c/L per unit weight, zero in expectation).
+that bound never wraps; a configuration that would need b > 64 is refused up front. Decoding the
+sum gives sum_k w_k x_k and sum_k w_k exactly up to quantisation (each word's rounding error is below 2c/L per unit weight, zero in expectation).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class FixedPointEncoder:
             raise EncodingError(f"expected {length * self.word_bytes} bytes, got {len(data)}")
         raw = np.frombuffer(data, dtype=np.uint8)
         if self.word_bytes == self.dtype.itemsize:
-            return raw.view(self.dtype.newbyteorder("<")).astype(self.dtype)
+            return raw.view(self.dtype.newbyteorder("<")).astype(self.dtype, copy=False)
         wide = np.zeros((length, self.dtype.itemsize), dtype=np.uint8)
         wide[:, : self.word_bytes] = raw.reshape(length, self.word_bytes)
         words = wide.view(self.dtype.newbyteorder("<")).reshape(length).astype(self.dtype)

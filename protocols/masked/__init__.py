@@ -2,7 +2,12 @@
 
 from protocols.masked.aggregation import MaskedAggregation
 from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.graph import GraphParameters, RingGraph, choose_parameters, shuffled_ring
+from protocols.masked.graph import (
+           GraphParameters,
+           RingGraph,
+           choose_parameters,
+           shuffled_ring,
+)
 from protocols.masked.server import MaskedServer
 from protocols.masked.simulation import run_round
 

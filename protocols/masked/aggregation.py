@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fl_core.aggregation import (
+    AggregateResult,
+    AggregationProtocol,
+    ClientUpdate,
+    Purpose,
+)
 from fl_core.errors import InvalidParameterError
 from protocols.errors import ProtocolAbort
 from protocols.masked.client import ClientPolicy, MaskedClient

@@ -26,8 +26,8 @@ from protocols.masked.keys import (
     key_message,
     mask_key,
     self_mask_key,
-    share_box_key,
     share_box_context,
+    share_box_key,
 )
 from secagg import keys as crypto
 from secagg import shamir

@@ -54,7 +54,7 @@ class RingGraph:
             raise InvalidArgumentError(
                 f"degree must be n - 1 = {n - 1} (complete) or even in [2, {n - 2}], got {self.degree}")
 
-    @property
+    @cached_property
     def complete(self) -> bool:
         return self.degree == len(self.ring) - 1
 
@@ -80,16 +80,23 @@ class RingGraph:
             return offset - n + self.degree + 1
         return 0
 
+    @cached_property
+    def _neighbours(self) -> dict[int, tuple[int, ...]]:
+        n, half = len(self.ring), self.degree // 2
+        offsets = (list(range(1, n)) if self.complete
+                   else list(range(1, half + 1)) + list(range(-half, 0)))
+        return {c: tuple(self.ring[(p + o) % n] for o in offsets) for p, c in enumerate(self.ring)}
+
+    @cached_property
+    def _neighbour_sets(self) -> dict[int, frozenset[int]]:
+        return {c: frozenset(vs) for c, vs in self._neighbours.items()}
+
     def neighbours(self, client: int) -> tuple[int, ...]:
         """The k neighbours of ``client``, ordered by their x-coordinate."""
-        n, p = len(self.ring), self._position[client]
-        if self.complete:
-            return tuple(self.ring[(p + o) % n] for o in range(1, n))
-        half = self.degree // 2
-        return tuple(self.ring[(p + o) % n] for o in list(range(1, half + 1)) + list(range(-half, 0)))
+        return self._neighbours[client]
 
     def is_neighbour(self, u: int, v: int) -> bool:
-        return u in self._position and v in self._position and self.x_of(u, v) > 0
+        return u in self._position and v in self._neighbour_sets[u]
 
 
 def shuffled_ring(clients: list[int] | tuple[int, ...]) -> tuple[int, ...]:

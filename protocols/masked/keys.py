@@ -40,7 +40,8 @@ def share_box_context(session: bytes, round_index: int, sender: int, recipient: 
 def key_message(session: bytes, round_index: int, client: int, encryption_key: bytes,
                 mask_public: bytes) -> bytes:
     """The statement a client signs when it advertises its keys (active mode)."""
-    return b"advertise-keys" + crypto.context_bytes(session, round_index, client) + encryption_key + mask_public
+    context = crypto.context_bytes(session, round_index, client)
+    return b"advertise-keys" + context + encryption_key + mask_public
 
 
 def consistency_message(session: bytes, round_index: int, survivors: tuple[int, ...]) -> bytes:

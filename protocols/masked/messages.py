@@ -8,12 +8,13 @@ the receiver expects (kind, session, round, sender or recipient) before the body
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
 from protocols.errors import MalformedMessage
 from protocols.wire import Reader, Writer
-from secagg.keys import KEY_BYTES, SIGNATURE_BYTES
+from secagg.keys import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
 from secagg.shamir import SHARE_BYTES
 
 MAGIC = b"FSM1"
@@ -21,6 +22,14 @@ SESSION_BYTES = 16
 SERVER = 2**64 - 1
 SHARE_OF_SEED = 0
 SHARE_OF_MASK_KEY = 1
+SEALED_BYTES = NONCE_BYTES + 2 * SHARE_BYTES + TAG_BYTES
+"""Size of one sealed share bundle: nonce, the two shares, the GCM tag."""
+
+_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s")
+_SIGNED_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s{SIGNATURE_BYTES}s")
+_SEALED = struct.Struct(f">Q{SEALED_BYTES}s")
+_SIGNATURE = struct.Struct(f">Q{SIGNATURE_BYTES}s")
+_SHARE = struct.Struct(f">QB{SHARE_BYTES}s")
 
 
 @dataclass(frozen=True)
@@ -70,15 +79,24 @@ class KeyEntry:
     signature: bytes
 
 
-def _write_key_entry(w: Writer, e: KeyEntry) -> None:
-    w.u64(e.client).fixed(e.encryption_key, KEY_BYTES).fixed(e.mask_key, KEY_BYTES).blob(e.signature)
+def _write_key_entries(w: Writer, entries: tuple[KeyEntry, ...]) -> None:
+    signed = bool(entries) and bool(entries[0].signature)
+    if any(bool(e.signature) != signed for e in entries):
+        raise MalformedMessage("key entries must all be signed or all unsigned")
+    w.u8(int(signed))
+    if signed:
+        w.records(_SIGNED_KEY, [(e.client, e.encryption_key, e.mask_key, e.signature) for e in entries])
+    else:
+        w.records(_KEY, [(e.client, e.encryption_key, e.mask_key) for e in entries])
 
 
-def _read_key_entry(r: Reader) -> KeyEntry:
-    entry = KeyEntry(r.u64(), r.fixed(KEY_BYTES), r.fixed(KEY_BYTES), r.blob())
-    if len(entry.signature) not in (0, SIGNATURE_BYTES):
-        raise MalformedMessage("a signature has the wrong size")
-    return entry
+def _read_key_entries(r: Reader) -> tuple[KeyEntry, ...]:
+    signed = r.u8()
+    if signed not in (0, 1):
+        raise MalformedMessage("bad signature flag")
+    if signed:
+        return tuple(KeyEntry(*row) for row in r.records(_SIGNED_KEY))
+    return tuple(KeyEntry(c, e, k, b"") for c, e, k in r.records(_KEY))
 
 
 @dataclass(frozen=True)
@@ -89,11 +107,14 @@ class AdvertiseKeys:
     entry: KeyEntry
 
     def write(self, w: Writer) -> None:
-        _write_key_entry(w, self.entry)
+        _write_key_entries(w, (self.entry,))
 
     @classmethod
     def read(cls, r: Reader) -> AdvertiseKeys:
-        return cls(_read_key_entry(r))
+        entries = _read_key_entries(r)
+        if len(entries) != 1:
+            raise MalformedMessage("an advertisement carries exactly one key entry")
+        return cls(entries[0])
 
 
 @dataclass(frozen=True)
@@ -104,13 +125,11 @@ class KeyList:
     entries: tuple[KeyEntry, ...]
 
     def write(self, w: Writer) -> None:
-        w.u32(len(self.entries))
-        for e in self.entries:
-            _write_key_entry(w, e)
+        _write_key_entries(w, self.entries)
 
     @classmethod
     def read(cls, r: Reader) -> KeyList:
-        return cls(tuple(_read_key_entry(r) for _ in range(r.count())))
+        return cls(_read_key_entries(r))
 
 
 @dataclass(frozen=True)
@@ -121,13 +140,13 @@ class ShareKeys:
     sealed: tuple[tuple[int, bytes], ...]
 
     def write(self, w: Writer) -> None:
-        w.u32(len(self.sealed))
-        for client, blob in self.sealed:
-            w.u64(client).blob(blob)
+        if any(len(blob) != SEALED_BYTES for _, blob in self.sealed):
+            raise MalformedMessage(f"sealed share bundles are {SEALED_BYTES} bytes")
+        w.records(_SEALED, self.sealed)
 
     @classmethod
     def read(cls, r: Reader) -> ShareKeys:
-        return cls(tuple((r.u64(), r.blob()) for _ in range(r.count())))
+        return cls(tuple(r.records(_SEALED)))
 
 
 @dataclass(frozen=True)
@@ -142,14 +161,14 @@ class MaskedInput:
     """Client -> server: its masked input words, ceil(b / 8) bytes each."""
 
     KIND: ClassVar[int] = 6
-    words: bytes
+    words: bytes | memoryview
 
     def write(self, w: Writer) -> None:
-        w.blob(self.words)
+        w.blob(bytes(self.words))
 
     @classmethod
     def read(cls, r: Reader) -> MaskedInput:
-        return cls(r.blob())
+        return cls(r.view())
 
 
 @dataclass(frozen=True)
@@ -192,14 +211,14 @@ class UnmaskRequest:
     signatures: tuple[tuple[int, bytes], ...] = ()
 
     def write(self, w: Writer) -> None:
-        w.ids(self.alive).ids(self.dropped).u32(len(self.signatures))
-        for client, sig in self.signatures:
-            w.u64(client).fixed(sig, SIGNATURE_BYTES)
+        if any(len(sig) != SIGNATURE_BYTES for _, sig in self.signatures):
+            raise MalformedMessage(f"signatures are {SIGNATURE_BYTES} bytes")
+        w.ids(self.alive).ids(self.dropped).records(_SIGNATURE, self.signatures)
 
     @classmethod
     def read(cls, r: Reader) -> UnmaskRequest:
         alive, dropped = r.ids(), r.ids()
-        return cls(alive, dropped, tuple((r.u64(), r.fixed(SIGNATURE_BYTES)) for _ in range(r.count())))
+        return cls(alive, dropped, tuple(r.records(_SIGNATURE)))
 
 
 @dataclass(frozen=True)
@@ -210,13 +229,13 @@ class UnmaskResponse:
     shares: tuple[tuple[int, int, bytes], ...]
 
     def write(self, w: Writer) -> None:
-        w.u32(len(self.shares))
-        for owner, which, share in self.shares:
-            w.u64(owner).u8(which).fixed(share, SHARE_BYTES)
+        if any(len(share) != SHARE_BYTES for _, _, share in self.shares):
+            raise MalformedMessage(f"shares are {SHARE_BYTES} bytes")
+        w.records(_SHARE, self.shares)
 
     @classmethod
     def read(cls, r: Reader) -> UnmaskResponse:
-        shares = tuple((r.u64(), r.u8(), r.fixed(SHARE_BYTES)) for _ in range(r.count()))
+        shares = tuple(r.records(_SHARE))
         if any(which not in (SHARE_OF_SEED, SHARE_OF_MASK_KEY) for _, which, _ in shares):
             raise MalformedMessage("unknown share kind")
         return cls(shares)
@@ -248,7 +267,7 @@ def decode(data: bytes, *, expect: type, session: bytes | None = None, round_ind
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MalformedMessage("a message must be bytes")
-    r = Reader(bytes(data))
+    r = Reader(data)
     if r.fixed(4) != MAGIC:
         raise MalformedMessage("bad magic")
     kind = r.u8()

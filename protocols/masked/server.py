@@ -17,12 +17,19 @@ import numpy as np
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.masked import messages as m
 from protocols.masked.graph import RingGraph
-from protocols.masked.keys import consistency_message, key_message, mask_key, self_mask_key
+from protocols.masked.keys import (
+    consistency_message,
+    key_message,
+    mask_key,
+    self_mask_key,
+)
 from secagg import keys as crypto
 from secagg import shamir
 from secagg.encoding import FixedPointEncoder
-from secagg.errors import CryptoError, ReconstructionError, SecAggError
-from secagg.prg import MaskExpander
+from secagg.errors import CryptoError, SecAggError
+from secagg.prg import accumulate_masks
+
+_PRIME_BYTES = shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big")
 
 
 @dataclass
@@ -108,19 +115,16 @@ class _ShareKeys(_Stage):
     def outgoing(self) -> dict[int, bytes]:
         out = {}
         for c in self.members:
-            entries = tuple(self.r.keys[v] for v in self.members
-                            if v == c or self.r.graph.is_neighbour(c, v))
+            entries = (self.r.keys[c],) + tuple(self.r.keys[v] for v in self.r.graph.neighbours(c)
+                                                if v in self.r.keys)
             out[c] = self.r.message(c, m.KeyList(entries))
         return out
 
     def accept(self, sender: int, body: m.ShareKeys) -> None:
         recipients = [v for v, _ in body.sealed]
-        expected = {v for v in self.members if self.r.graph.is_neighbour(sender, v)}
+        expected = {v for v in self.r.graph.neighbours(sender) if v in self.r.keys}
         if len(set(recipients)) != len(recipients) or set(recipients) != expected:
             raise MalformedMessage("share bundles are not addressed to exactly the neighbours")
-        size = crypto.NONCE_BYTES + 2 * shamir.SHARE_BYTES + crypto.TAG_BYTES
-        if any(len(blob) != size for _, blob in body.sealed):
-            raise MalformedMessage("a share bundle has the wrong size")
 
     def close(self) -> _Stage:
         for c, body in self.answers.items():
@@ -134,8 +138,10 @@ class _MaskedInput(_Stage):
 
     def outgoing(self) -> dict[int, bytes]:
         out = {}
+        sealed = self.r.sealed
         for c in self.members:
-            bundles = tuple((v, self.r.sealed[v][c]) for v in self.members if c in self.r.sealed[v])
+            bundles = tuple((v, sealed[v][c]) for v in self.r.graph.neighbours(c)
+                            if v in sealed and c in sealed[v])
             out[c] = self.r.message(c, m.ForwardedShares(bundles))
         return out
 
@@ -182,14 +188,14 @@ class _Unmask(_Stage):
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
-        alive = set(r.survivors)
+        self.alive = alive = frozenset(r.survivors)
         self.dropped = tuple(sorted(set(r.sealed) - alive))
         self.asked: dict[int, dict[int, int]] = {}
         for c in members:
-            ask = {v: m.SHARE_OF_SEED for v in r.survivors if v != c and r.graph.is_neighbour(c, v)
-                   and c in r.sealed[v]}
-            ask.update({d: m.SHARE_OF_MASK_KEY for d in self.dropped
-                        if r.graph.is_neighbour(c, d) and c in r.sealed[d]})
+            ask = {}
+            for v in r.graph.neighbours(c):
+                if v in r.sealed and c in r.sealed[v]:
+                    ask[v] = m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY
             self.asked[c] = ask
         self.shares: dict[tuple[int, int], dict[int, int]] = {}
 
@@ -199,8 +205,8 @@ class _Unmask(_Stage):
             ask = self.asked[c]
             alive = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_SEED)
             dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
-            sigs = tuple((v, self.r.signatures[v]) for v in sorted(self.r.signatures)
-                         if v != c and self.r.graph.is_neighbour(c, v))
+            sigs = tuple((v, self.r.signatures[v]) for v in sorted(self.r.graph.neighbours(c))
+                         if v in self.r.signatures)
             out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs))
         return out
 
@@ -208,13 +214,12 @@ class _Unmask(_Stage):
         ask = self.asked[sender]
         if len(body.shares) != len(ask) or {o: k for o, k, _ in body.shares} != ask:
             raise MalformedMessage("unmask response does not answer exactly what was asked")
-        try:
-            values = [(o, k, shamir.share_from_bytes(s)) for o, k, s in body.shares]
-        except ReconstructionError:
-            raise MalformedMessage("a share is not a field element") from None
+        if any(share >= _PRIME_BYTES for _, _, share in body.shares):  # big-endian, fixed width
+            raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        for owner, kind, value in values:
-            self.shares.setdefault((owner, kind), {})[self.r.graph.x_of(owner, sender)] = value
+        x_of = self.r.graph.x_of
+        for owner, kind, share in body.shares:
+            self.shares.setdefault((owner, kind), {})[x_of(owner, sender)] = share
 
     def _secret(self, owner: int, kind: int) -> bytes:
         points = self.shares.get((owner, kind), {})
@@ -222,20 +227,17 @@ class _Unmask(_Stage):
             raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
         xs = sorted(points)[: self.r.threshold]
-        values = np.array([[points[x] for x in xs]], dtype=object)
+        values = np.array([[shamir.share_from_bytes(points[x]) for x in xs]], dtype=object)
         return shamir.combine(xs, values)[0]
 
-    def close(self) -> None:
+    def _mask_terms(self):
+        """(AES key, sign) of every mask term to remove, derived lazily (overlaps with AES)."""
         r = self.r
-        assert r.total is not None
-        expander = MaskExpander(length=r.total.size, modulus_bits=r.encoder.modulus_bits)
-        total = r.total
         for u in r.survivors:
             seed = self._secret(u, m.SHARE_OF_SEED)
-            expander.add_into(self_mask_key(seed, r.session, r.round_index, u), total, sign=-1)
+            yield self_mask_key(seed, r.session, r.round_index, u), -1
         for d in self.dropped:
-            partners = [v for v in r.survivors if r.graph.is_neighbour(d, v) and d in r.sealed
-                        and v in r.sealed[d]]
+            partners = [v for v in r.graph.neighbours(d) if v in self.alive and v in r.sealed[d]]
             if not partners:
                 continue
             try:
@@ -245,10 +247,19 @@ class _Unmask(_Stage):
             if recovered is None or recovered.public != r.keys[d].mask_key:
                 raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
             for v in partners:
-                key = mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d)
                 # v added +mask if v < d else -mask; remove exactly that.
-                expander.add_into(key, total, sign=-1 if v < d else +1)
-        r.encoder.reduce(total)
+                yield mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d), (
+                    -1 if v < d else +1)
+
+    def close(self) -> None:
+        r = self.r
+        assert r.total is not None
+        # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
+        # workers only makes them wait; the expansion then runs on all cores.
+        terms = list(self._mask_terms())
+        correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
+        np.add(r.total, correction, out=r.total)
+        r.encoder.reduce(r.total)
         return None
 
 

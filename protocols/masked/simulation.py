@@ -27,7 +27,11 @@ class RoundTrace:
 
     aborts: dict[int, str] = field(default_factory=dict)
     client_seconds: dict[int, float] = field(default_factory=dict)
-    server_seconds: float = 0.0
+    server_stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def server_seconds(self) -> float:
+        return sum(self.server_stage_seconds.values())
 
 
 def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
@@ -37,10 +41,12 @@ def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
     drops = dict(drop_at or {})
     trace = RoundTrace(client_seconds={c: 0.0 for c in clients})
     while not server.done:
-        stage = _STAGE_INDEX[server.stage]
+        name = server.stage
+        stage = _STAGE_INDEX[name]
+        spent = 0.0
         start = time.perf_counter()
         outgoing = server.outgoing()
-        trace.server_seconds += time.perf_counter() - start
+        spent += time.perf_counter() - start
         for client_id, message in outgoing.items():
             transport.to_client(client_id, message)
             if drops.get(client_id, 99) <= stage or client_id in trace.aborts:
@@ -57,10 +63,10 @@ def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
                 transport.to_server(client_id, reply)
                 start = time.perf_counter()
                 server.receive(client_id, reply)
-                trace.server_seconds += time.perf_counter() - start
+                spent += time.perf_counter() - start
         start = time.perf_counter()
         try:
             server.close()
         finally:
-            trace.server_seconds += time.perf_counter() - start
+            trace.server_stage_seconds[name] = spent + time.perf_counter() - start
     return trace

@@ -82,3 +82,18 @@ def test_datasets_models_and_partitions_run(tmp_path, overrides):
     assert main(["run", "--out", str(tmp_path / "r"), "--set", "rounds=2", "--quiet", *args]) == 0
     rows = _history(tmp_path / "r")
     assert len(rows) == 2 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
+
+
+def test_masking_run_matches_plain_accuracy_and_records_the_protocol(tmp_path):
+    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet"]
+    assert main(["run", "--out", str(tmp_path / "plain"), *common]) == 0
+    assert main(["run", "--out", str(tmp_path / "masked"), "--set", "secure.aggregation=masking",
+                 "--set", "secure.dropout=0.2", "--set", "secure.active=true", *common]) == 0
+    plain = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    masked = json.loads((tmp_path / "masked" / "summary.json").read_text())
+    assert masked["final_accuracy"] >= plain["final_accuracy"] - 0.02
+    rows = _history(tmp_path / "masked")
+    assert {"clipped", "client_aborts", "secagg_degree", "secagg_threshold"} <= set(rows[0])
+    assert sum(int(r["dropped"]) for r in rows) > 0
+    assert all(int(r["participants"]) + int(r["dropped"]) == 6 for r in rows)
+    assert int(rows[0]["upload_bytes"]) > int(_history(tmp_path / "plain")[0]["upload_bytes"])

@@ -82,8 +82,11 @@ def test_duplicate_keys_of_two_neighbours(key_stage):
 
 def test_fewer_than_t_neighbours_in_the_key_list(key_stage):
     s, out, c = key_stage
-    msg = tampered(out[c], m.KeyList, lambda b: m.KeyList(tuple(
-        e for e in b.entries if e.client == c) + tuple(e for e in b.entries if e.client != c)[: s.threshold - 1]))
+    def keep_few(b):
+        own = tuple(e for e in b.entries if e.client == c)
+        return m.KeyList(own + tuple(e for e in b.entries if e.client != c)[: s.threshold - 1])
+
+    msg = tampered(out[c], m.KeyList, keep_few)
     refuses(s, c, msg, rules.FEW_NEIGHBOURS)
 
 
@@ -143,7 +146,8 @@ def unmask_stage():
 
 def test_unmask_request_with_a_client_both_alive_and_dropped(unmask_stage):
     s, out, c, _ = unmask_stage
-    msg = tampered(out[c], m.UnmaskRequest, lambda b: dataclasses.replace(b, dropped=b.dropped + (b.alive[0],)))
+    msg = tampered(out[c], m.UnmaskRequest,
+                   lambda b: dataclasses.replace(b, dropped=b.dropped + (b.alive[0],)))
     refuses(s, c, msg, rules.BOTH_LISTS)
 
 

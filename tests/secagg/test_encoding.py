@@ -25,7 +25,8 @@ def test_sum_decodes_to_the_weighted_sum_within_quantisation(bits, clip, data):
     assert total_weight == sum(weights)
     assert clipped == sum(int((np.abs(v.astype(np.float64)) > clip).sum()) for v in vectors)
     step = 2 * clip / enc.levels
-    assert np.all(np.abs(weighted - expected) <= step * sum(weights) * (1 + 1e-9) + 1e-9 * clip * sum(weights))
+    bound = step * sum(weights) * (1 + 1e-9) + 1e-9 * clip * sum(weights)
+    assert np.all(np.abs(weighted - expected) <= bound)
 
 
 @given(bits=st.integers(1, 32), k=st.integers(1, 50), max_weight=st.integers(1, 10**6))

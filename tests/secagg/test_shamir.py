@@ -43,7 +43,8 @@ def test_any_t_shares_reconstruct(n, data, secrets_):
 def test_fewer_than_t_shares_do_not_reveal_the_secret():
     secret = os.urandom(32)
     shares = shamir.split([secret], threshold=5, xs=range(1, 10))
-    value = int(np.array(shamir.lagrange_at_zero((1, 2, 3, 4)), dtype=object).dot(shares[0, :4]) % shamir.PRIME)
+    weights = np.array(shamir.lagrange_at_zero((1, 2, 3, 4)), dtype=object)
+    value = int(weights.dot(shares[0, :4]) % shamir.PRIME)
     assert value != int.from_bytes(secret, "big")
 
 
