@@ -10,7 +10,8 @@ aggregation the server learns only the total). Summing at most ``max_clients`` s
 with w <= ``max_weight`` and m <= ``max_length``, gives at most
 max_clients * max(max_weight * L, max_length) per word, so the modulus 2^b with b the bit length of
 that bound never wraps; a configuration that would need b > 64 is refused up front. Decoding the
-sum gives sum_k w_k x_k and sum_k w_k exactly up to quantisation (each word's rounding error is below 2c/L per unit weight, zero in expectation).
+sum gives sum_k w_k x_k and sum_k w_k exactly up to quantisation (each word's rounding error is
+below 2c/L per unit weight, zero in expectation).
 """
 
 from __future__ import annotations
