@@ -12,8 +12,8 @@ round), server_s, degree, threshold, dropped, upload_bytes_per_client (mean over
 whose input is in the sum), expansion (that / 4M), exact (the unmasked sum equals the plain
 sum of the survivors' encoded inputs, checked), server_unmask_s (the unmask stage: taking the
 shares, rebuilding the secrets, regenerating and removing the masks), server_stage_s (every
-stage), masks_regenerated, raw_aes_s (AES-256-CTR alone over the same mask bytes, one core), server_over_raw_aes and
-unmask_over_raw_aes.
+stage), masks_regenerated, raw_aes_s (AES-256-CTR alone over the same mask bytes, one core),
+server_over_raw_aes and unmask_over_raw_aes.
 """
 
 from __future__ import annotations
