@@ -93,6 +93,16 @@ def combine(xs: Sequence[int], shares: np.ndarray) -> list[bytes]:
     return [int_to_secret(int(v)) for v in totals]
 
 
+def combine_one(xs: tuple[int, ...], shares: Sequence[bytes]) -> bytes:
+    """Reconstruct one secret from exactly t serialized shares at the distinct x-coordinates ``xs``."""
+    points = _check_xs(xs)
+    if len(shares) != len(points):
+        raise ReconstructionError(f"need {len(points)} shares, got {len(shares)}")
+    weights = lagrange_at_zero(tuple(points))
+    total = sum(w * share_from_bytes(s) for w, s in zip(weights, shares)) % PRIME
+    return int_to_secret(total)
+
+
 def _check_xs(xs: Sequence[int]) -> list[int]:
     points = [int(x) for x in xs]
     if not points:

@@ -212,23 +212,26 @@ class _Unmask(_Stage):
 
     def accept(self, sender: int, body: m.UnmaskResponse) -> None:
         ask = self.asked[sender]
-        if len(body.shares) != len(ask) or {o: k for o, k, _ in body.shares} != ask:
+        shares = body.shares
+        if len(shares) != len(ask) or any(ask.get(o) != k for o, k, _ in shares):
             raise MalformedMessage("unmask response does not answer exactly what was asked")
-        if any(share >= _PRIME_BYTES for _, _, share in body.shares):  # big-endian, fixed width
+        if max((share for _, _, share in shares), default=b"") >= _PRIME_BYTES:  # fixed-width BE
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        x_of = self.r.graph.x_of
-        for owner, kind, share in body.shares:
-            self.shares.setdefault((owner, kind), {})[x_of(owner, sender)] = share
+        x_of, store = self.r.graph.x_of, self.shares
+        for owner, kind, share in shares:
+            slot = store.get((owner, kind))
+            if slot is None:
+                slot = store[(owner, kind)] = {}
+            slot[x_of(owner, sender)] = share
 
     def _secret(self, owner: int, kind: int) -> bytes:
         points = self.shares.get((owner, kind), {})
         if len(points) < self.r.threshold:
             raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
-        xs = sorted(points)[: self.r.threshold]
-        values = np.array([[shamir.share_from_bytes(points[x]) for x in xs]], dtype=object)
-        return shamir.combine(xs, values)[0]
+        xs = tuple(sorted(points)[: self.r.threshold])
+        return shamir.combine_one(xs, [points[x] for x in xs])
 
     def _mask_terms(self):
         """(AES key, sign) of every mask term to remove, derived lazily (overlaps with AES)."""

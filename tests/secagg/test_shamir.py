@@ -78,3 +78,14 @@ def test_bad_combine_arguments():
         shamir.combine([1, 2, 3], shares)
     with pytest.raises(InvalidArgumentError):
         shamir.split([b"short"], threshold=1, xs=[1])
+
+
+@given(t=st.integers(1, 20), data=st.data())
+def test_combine_one_matches_combine(t, data):
+    secret = data.draw(st.binary(min_size=32, max_size=32))
+    xs = list(range(1, t + 4))
+    shares = shamir.split([secret], threshold=t, xs=xs)
+    pick = sorted(data.draw(st.lists(st.integers(0, t + 2), min_size=t, max_size=t, unique=True)))
+    chosen = tuple(xs[i] for i in pick)
+    raw = [shamir.share_to_bytes(int(shares[0, i])) for i in pick]
+    assert shamir.combine_one(chosen, raw) == secret == shamir.combine(list(chosen), shares[:, pick])[0]
