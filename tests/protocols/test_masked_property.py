@@ -16,6 +16,9 @@ from tests.protocols.helpers import make_session
        seed=st.integers(0, 2**32), data=st.data())
 def test_exact_sum_of_survivors_or_clean_abort(n, graph, active, seed, data):
     s = make_session(n, graph=graph, active=active, seed=seed, length=20)
+    k = s.graph.degree
+    t = data.draw(st.integers(max(2, k // 2 + 1), k), label="threshold")
+    s = make_session(n, graph=graph, active=active, seed=seed, length=20, threshold=t)
     ids = sorted(s.clients)
     drops = {c: data.draw(st.sampled_from((None,) + DROP_STAGES)) for c in ids}
     drops = {c: stage for c, stage in drops.items() if stage is not None}
