@@ -264,6 +264,8 @@ def _check_combinations(config: ExperimentConfig) -> None:
         if secure.threshold > m - 1:
             raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
                                                   f"got {secure.threshold}")
+        if secure.threshold:
+            _check_threshold(secure, m)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
                                         f"got data.dataset = {data.dataset!r}")
@@ -286,6 +288,21 @@ def _check_combinations(config: ExperimentConfig) -> None:
         raise ConfigError("data.shards_per_client", f"data.clients x data.shards_per_client must be "
                                                     f"<= {n_train} training samples; got "
                                                     f"{data.clients * data.shards_per_client}")
+
+
+def _check_threshold(secure: SecureConfig, clients_per_round: int) -> None:
+    """The configured threshold must lie in (degree / 2, degree] for the graph the rule picks."""
+    import numpy as np
+
+    from protocols.masked import MaskedAggregation
+
+    protocol = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), graph=secure.graph,
+                                 dropout=secure.dropout, active=secure.active)
+    degree = protocol.parameters(clients_per_round)[0]
+    if not degree // 2 < secure.threshold <= degree:
+        raise ConfigError("secure.threshold", f"must be in ({degree // 2}, {degree}] for the "
+                                              f"{secure.graph} graph of {clients_per_round} clients "
+                                              f"(degree {degree}); got {secure.threshold}")
 
 
 def training_samples(dataset: str, test_fraction: float) -> int:

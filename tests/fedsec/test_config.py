@@ -72,6 +72,11 @@ def test_masking_needs_two_clients_a_round_and_a_reachable_threshold():
         make_config({"secure.aggregation": "masking", "train.fraction": 0.25})
     with pytest.raises(ConfigError, match="secure.threshold: must be <= clients a round - 1 = 3"):
         make_config({"secure.aggregation": "masking", "secure.threshold": 4})
+    harary = {"secure.aggregation": "masking", "secure.graph": "harary", "data.dataset": "synthetic",
+              "data.clients": 100, "data.samples": 2000}
+    make_config(harary | {"secure.threshold": 20})
+    with pytest.raises(ConfigError, match=r"secure.threshold: must be in \(11, 22\] .*degree 22"):
+        make_config(harary | {"secure.threshold": 30})
 
 
 def test_shards_need_enough_samples():
