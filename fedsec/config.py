@@ -256,7 +256,9 @@ def _check_combinations(config: ExperimentConfig) -> None:
             if getattr(secure, key) != default:
                 raise ConfigError(f"secure.{key}", "needs secure.aggregation = 'masking'")
     if secure.aggregation == "masking":
-        m = max(int(config.train.fraction * data.clients + 1e-9), 1)
+        from fl_core.server import clients_per_round
+
+        m = clients_per_round(config.train.fraction, data.clients)
         if m < 2:
             raise ConfigError("train.fraction", f"secure aggregation needs >= 2 clients a round; "
                                                 f"{data.clients} clients x {config.train.fraction} "

@@ -94,12 +94,6 @@ class Reader:
     def fixed(self, size: int) -> bytes:
         return bytes(self._take(size))
 
-    def blob(self) -> bytes:
-        size = self.u32()
-        if size > MAX_BLOB:
-            raise MalformedMessage("blob too large")
-        return bytes(self._take(size))
-
     def view(self) -> memoryview:
         """A length-prefixed blob as a read-only view into the message (no copy)."""
         size = self.u32()

@@ -62,11 +62,6 @@ class KeyPair:
             raise CryptoError() from None
 
 
-def agree(private: bytes, peer_public: bytes) -> bytes:
-    """Raw X25519 shared secret of a raw private key; refuses low-order peer keys."""
-    return KeyPair.from_private(private).agree(peer_public)
-
-
 def derive_key(secret: bytes, *, purpose: bytes, context: bytes, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256 of ``secret`` bound to a purpose label and a context (session, round, parties)."""
     info = b"fedsec/secagg/v1/" + purpose + b"\x00" + context

@@ -48,20 +48,21 @@ class MaskExpander:
         self.expand_into(key, out)
         return out
 
+    def _keystream(self, key: bytes) -> np.ndarray:
+        """The raw AES-CTR keystream of ``key`` as words (a view of the reused buffer)."""
+        encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor()
+        encryptor.update_into(self._zeros, self._buffer)
+        return np.frombuffer(self._buffer, dtype=self.dtype, count=self.length)
+
     def expand_into(self, key: bytes, out: np.ndarray) -> None:
         """Write the mask of ``key`` into ``out`` (a ``length`` vector of the word dtype)."""
-        encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor()
-        written = encryptor.update_into(self._zeros, self._buffer)
-        out[:] = np.frombuffer(self._buffer, dtype=self.dtype, count=self.length)
-        assert written == self.nbytes
+        out[:] = self._keystream(key)
         if self._reduce:
             np.bitwise_and(out, self._low_mask, out=out)
 
     def add_into(self, key: bytes, acc: np.ndarray, *, sign: int) -> None:
         """acc += sign * mask(key) mod 2^word (the caller reduces mod 2^b at the end)."""
-        encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_IV)).encryptor()
-        encryptor.update_into(self._zeros, self._buffer)
-        mask = np.frombuffer(self._buffer, dtype=self.dtype, count=self.length)
+        mask = self._keystream(key)
         if sign > 0:
             np.add(acc, mask, out=acc)
         else:

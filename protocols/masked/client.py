@@ -13,6 +13,7 @@ or round other than the one it was started for.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -112,14 +113,17 @@ class _Context:
         return self.params.threshold
 
 
-class _Stage:
+class _Stage(ABC):
+    """One stage of the client: the message it expects, and what it does with it."""
+
     expects: type
 
     def __init__(self, ctx: _Context) -> None:
         self.ctx = ctx
 
+    @abstractmethod
     def handle(self, body: m.Body) -> tuple[_Stage, bytes | None]:
-        raise NotImplementedError
+        """Process ``body``; return the next stage and the reply (or raise ClientAbort)."""
 
 
 class _AwaitParams(_Stage):
@@ -217,12 +221,12 @@ class _AwaitShares(_Stage):
             try:
                 plain = crypto.open_sealed(ctx.box_keys[v], sealed, share_box_context(
                     ctx.session, ctx.round_index, v, ctx.client_id))
+                if len(plain) != 2 * shamir.SHARE_BYTES:
+                    raise ClientAbort(SHARE_AUTH)
                 seed_share = shamir.share_from_bytes(plain[: shamir.SHARE_BYTES])
                 key_share = shamir.share_from_bytes(plain[shamir.SHARE_BYTES:])
             except (CryptoError, shamir.ReconstructionError):
                 raise ClientAbort(SHARE_AUTH) from None
-            if len(plain) != 2 * shamir.SHARE_BYTES:
-                raise ClientAbort(SHARE_AUTH)
             ctx.received[v] = (seed_share, key_share)
         words = ctx.encoded.words.copy()
         expander = MaskExpander(length=words.size, modulus_bits=ctx.encoder.modulus_bits)
@@ -302,7 +306,12 @@ class _AwaitUnmask(_Stage):
 
 
 class _Done(_Stage):
+    """The round is over for this client: it answers nothing more."""
+
     expects = type(None)
+
+    def handle(self, body: m.Body) -> tuple[_Stage, bytes | None]:
+        raise ClientAbort(MALFORMED)
 
 
 class MaskedClient:

@@ -9,6 +9,7 @@ t answering share holders, raises :class:`protocols.errors.ProtocolAbort`: never
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -59,7 +60,9 @@ class _Round:
             raise ProtocolAbort(f"{stage}: {clients} client(s) left, threshold is {self.threshold}")
 
 
-class _Stage:
+class _Stage(ABC):
+    """One stage of the server: what it sends, how it checks answers, and how it ends."""
+
     expects: type
     name: str
 
@@ -68,14 +71,16 @@ class _Stage:
         self.members = members
         self.answers: dict[int, m.Body] = {}
 
+    @abstractmethod
     def outgoing(self) -> dict[int, bytes]:
-        raise NotImplementedError
+        """This stage's message to each member."""
 
     def accept(self, sender: int, body: m.Body) -> None:
         """Validate one answer beyond parsing; raise MalformedMessage to reject its sender."""
 
+    @abstractmethod
     def close(self) -> _Stage | None:
-        raise NotImplementedError
+        """End the stage: the next stage, None when the round is complete; or ProtocolAbort."""
 
 
 class _AdvertiseKeys(_Stage):
