@@ -27,9 +27,8 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from benchmarks._common import emit, log
-from protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters, run_round
-from protocols.masked.graph import shuffled_ring
-from protocols.masked.simulation import DROP_STAGES
+from protocols.masked import choose_parameters, run_round
+from protocols.masked.simulation import DROP_STAGES, build_round
 from protocols.transport import InMemoryTransport
 from secagg.encoding import FixedPointEncoder
 from secagg.keys import SigningKey
@@ -41,21 +40,15 @@ def build(n: int, length: int, *, graph: str, dropout: float, active: bool, seed
     rng = np.random.default_rng(seed)
     ids = list(range(1, n + 1))
     chosen = choose_parameters(n, dropout=max(0.1, dropout), corrupt=0.1, graph=graph, active=active)
-    ring = RingGraph(shuffled_ring(ids), chosen.degree)
     encoder = FixedPointEncoder(clip=1.0, bits=16, max_clients=n, max_weight=MAX_WEIGHT, max_length=length)
-    session = os.urandom(16)
-    identities = {c: SigningKey.generate() for c in ids} if active else {}
-    directory = {c: k.public for c, k in identities.items()} if active else None
     updates = {c: rng.normal(0, 0.1, length).astype(np.float32) for c in ids}
     weights = {c: int(rng.integers(1, MAX_WEIGHT + 1)) for c in ids}
     seeds = {c: int(rng.integers(0, 2**32)) for c in ids}
-    server = MaskedServer(session=session, round_index=1, graph=ring, threshold=chosen.threshold,
-                          encoder=encoder, length=length, active=active, directory=directory)
-    clients = {c: MaskedClient(client_id=c, session=session, round_index=1, update=updates[c],
-                               weight=weights[c], rng=np.random.default_rng(seeds[c]),
-                               signing_key=identities.get(c), directory=directory)
-               for c in ids}
-    return server, clients, encoder, ring, chosen, updates, weights, seeds
+    built = build_round(updates=updates, weights=weights,
+                        rngs={c: np.random.default_rng(seeds[c]) for c in ids}, encoder=encoder,
+                        degree=chosen.degree, threshold=chosen.threshold, round_index=1,
+                        identities={c: SigningKey.generate() for c in ids} if active else None)
+    return built.server, built.clients, encoder, built.graph, chosen, updates, weights, seeds
 
 
 def raw_aes_seconds(masks: int, nbytes: int) -> float:

@@ -8,7 +8,6 @@ the survivors' updates, their total weight and their total clipped-value count.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,11 +20,9 @@ from fl_core.aggregation import (
 )
 from fl_core.errors import InvalidParameterError
 from protocols.errors import ProtocolAbort
-from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.graph import RingGraph, choose_parameters, shuffled_ring
-from protocols.masked.messages import SERVER, SESSION_BYTES
-from protocols.masked.server import MaskedServer
-from protocols.masked.simulation import DROP_STAGES, RoundTrace, run_round
+from protocols.masked.graph import choose_parameters
+from protocols.masked.messages import SERVER
+from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
 from protocols.transport import InMemoryTransport
 from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
 from secagg.keys import SigningKey
@@ -116,24 +113,18 @@ class MaskedAggregation(AggregationProtocol):
         encoder = self._encoder(n, length, purpose)
         degree, threshold = self.parameters(n)
         ids = [u.client_id for u in valid]
-        graph = RingGraph(shuffled_ring(ids), degree)
-        session = os.urandom(SESSION_BYTES)
-        directory = None
+        identities = None
         if self.active:
             for c in ids:
                 self._identities.setdefault(c, SigningKey.generate())
-            directory = {c: self._identities[c].public for c in ids}
-        server = MaskedServer(session=session, round_index=round_index, graph=graph,
-                              threshold=threshold, encoder=encoder, length=length,
-                              active=self.active, directory=directory)
-        clients = {
-            u.client_id: MaskedClient(
-                client_id=u.client_id, session=session, round_index=round_index, update=u.vector,
-                weight=int(u.weight), rng=np.random.default_rng(self.rng.integers(0, 2**63 - 1)),
-                signing_key=self._identities.get(u.client_id), directory=directory,
-                policy=ClientPolicy(require_active=self.active))
-            for u in valid
-        }
+            identities = {c: self._identities[c] for c in ids}
+        built = build_round(
+            updates={u.client_id: u.vector for u in valid},
+            weights={u.client_id: int(u.weight) for u in valid},
+            rngs={c: np.random.default_rng(self.rng.integers(0, 2**63 - 1)) for c in ids},
+            encoder=encoder, degree=degree, threshold=threshold, round_index=round_index,
+            identities=identities)
+        server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:
             for c in ids:

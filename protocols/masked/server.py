@@ -75,8 +75,11 @@ class _Stage(ABC):
     def outgoing(self) -> dict[int, bytes]:
         """This stage's message to each member."""
 
-    def accept(self, sender: int, body: m.Body) -> None:
-        """Validate one answer beyond parsing; raise MalformedMessage to reject its sender."""
+    def accept(self, sender: int, body: m.Body) -> None:  # noqa: B027 - optional hook
+        """Validate one answer beyond parsing; raise MalformedMessage to reject its sender.
+
+        The default accepts every answer that parsed."""
+        return None
 
     @abstractmethod
     def close(self) -> _Stage | None:

@@ -7,18 +7,63 @@ Dropout stages: a client set to drop at stage s answers the stages before s and 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from protocols.errors import ClientAbort
-from protocols.masked.client import MaskedClient
+from protocols.masked.client import ClientPolicy, MaskedClient
+from protocols.masked.graph import RingGraph, shuffled_ring
+from protocols.masked.messages import SESSION_BYTES
 from protocols.masked.server import MaskedServer
 from protocols.transport import InMemoryTransport, Transport
+from secagg.encoding import FixedPointEncoder
+from secagg.keys import SigningKey
 
 DROP_STAGES = (1, 2, 3, 4)
 _STAGE_INDEX = {"advertise keys": 0, "share keys": 1, "masked input": 2, "consistency check": 3,
                 "unmask": 4}
+
+
+@dataclass
+class SimulatedRound:
+    """A fresh session: its id, graph, server and one honest client per input."""
+
+    session: bytes
+    graph: RingGraph
+    server: MaskedServer
+    clients: dict[int, MaskedClient]
+
+
+def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int],
+                rngs: Mapping[int, np.random.Generator], encoder: FixedPointEncoder, degree: int,
+                threshold: int, round_index: int,
+                identities: Mapping[int, SigningKey] | None = None) -> SimulatedRound:
+    """Set up one round: a random session id, the clients on a CSPRNG-shuffled ring of ``degree``.
+
+    ``rngs`` feed each client's stochastic rounding. Passing long-term ``identities`` (one per
+    client) runs active mode, and every client then insists on it.
+    """
+    ids = list(updates)
+    length = int(next(iter(updates.values())).size)
+    graph = RingGraph(shuffled_ring(ids), degree)
+    session = os.urandom(SESSION_BYTES)
+    active = identities is not None
+    directory = {c: identities[c].public for c in ids} if active else None
+    server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
+                          encoder=encoder, length=length, active=active, directory=directory)
+    policy = ClientPolicy(require_active=active)
+    clients = {
+        c: MaskedClient(client_id=c, session=session, round_index=round_index, update=updates[c],
+                        weight=weights[c], rng=rngs[c],
+                        signing_key=identities[c] if active else None, directory=directory,
+                        policy=policy)
+        for c in ids
+    }
+    return SimulatedRound(session, graph, server, clients)
 
 
 @dataclass

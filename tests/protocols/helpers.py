@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters, shuffled_ring
+from protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters
+from protocols.masked.simulation import build_round
 from secagg.encoding import FixedPointEncoder
 from secagg.keys import SigningKey
 
@@ -43,21 +43,14 @@ def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", activ
     ids = [int(x) for x in rng.choice(10_000, size=n, replace=False)]
     params = choose_parameters(n, dropout=dropout, corrupt=0.1, graph=graph, active=active)
     t = threshold or params.threshold
-    ring = RingGraph(shuffled_ring(ids), params.degree)
     encoder = FixedPointEncoder(clip=1.0, bits=12, max_clients=n, max_weight=100, max_length=length)
-    session = os.urandom(16)
     identities = {c: SigningKey.generate() for c in ids}
-    directory = {c: k.public for c, k in identities.items()}
     updates = {c: rng.normal(0, 0.5, length).astype(np.float32) for c in ids}
     weights = {c: int(rng.integers(1, 101)) for c in ids}
     seeds = {c: int(rng.integers(0, 2**32)) for c in ids}
-    server = MaskedServer(session=session, round_index=round_index, graph=ring, threshold=t,
-                          encoder=encoder, length=length, active=active,
-                          directory=directory if active else None)
-    clients = {c: MaskedClient(client_id=c, session=session, round_index=round_index,
-                               update=updates[c], weight=weights[c],
-                               rng=np.random.default_rng(seeds[c]), signing_key=identities[c],
-                               directory=directory)
-               for c in ids}
-    return Session(server, clients, encoder, updates, weights, seeds, ring, t, session, round_index,
-                   identities)
+    built = build_round(updates=updates, weights=weights,
+                        rngs={c: np.random.default_rng(seeds[c]) for c in ids}, encoder=encoder,
+                        degree=params.degree, threshold=t, round_index=round_index,
+                        identities=identities if active else None)
+    return Session(built.server, built.clients, encoder, updates, weights, seeds, built.graph, t,
+                   built.session, round_index, identities)
