@@ -33,3 +33,9 @@ class WrapRiskError(InvalidArgumentError):
 
 class ReconstructionError(SecAggError):
     """Too few, duplicate or inconsistent Shamir shares to reconstruct a secret."""
+
+
+class InvalidCiphertextError(SecAggError, ValueError):
+    """A Paillier ciphertext batch was refused at the boundary: wrong key id, round or count,
+    bad framing, or a value that is not a unit of Z_{n^2} (0, >= n^2, or sharing a factor with n).
+    Nothing derived from a refused batch is kept."""

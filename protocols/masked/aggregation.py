@@ -21,14 +21,10 @@ from fl_core.aggregation import (
 from fl_core.errors import InvalidParameterError
 from protocols.errors import ProtocolAbort
 from protocols.masked.graph import choose_parameters
-from protocols.masked.messages import SERVER
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
 from protocols.transport import InMemoryTransport
-from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
+from protocols.encoding import encoder_for, validate_updates
 from secagg.keys import SigningKey
-
-STATISTICS_CLIP = float(2**24)
-"""Range of feature statistics (means, centred second moments) sent with purpose='statistics'."""
 
 
 class MaskedAggregation(AggregationProtocol):
@@ -80,17 +76,6 @@ class MaskedAggregation(AggregationProtocol):
         self._identities: dict[int, SigningKey] = {}
         self.last_trace: RoundTrace | None = None
 
-    def _encoder(self, n: int, length: int, purpose: Purpose) -> FixedPointEncoder:
-        if purpose == "update":
-            return FixedPointEncoder(clip=self.clip, bits=self.bits, max_clients=n,
-                                     max_weight=self.max_weight, max_length=length)
-        headroom = (n * self.max_weight).bit_length()
-        bits = min(48, MAX_MODULUS_BITS - headroom)
-        if bits < 16:
-            raise ProtocolAbort("statistics: too many clients x weight for a 64-bit modulus")
-        return FixedPointEncoder(clip=STATISTICS_CLIP, bits=bits, max_clients=n,
-                                 max_weight=self.max_weight, max_length=length)
-
     def parameters(self, n: int) -> tuple[int, int]:
         """(degree, threshold) this protocol uses for n clients."""
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
@@ -103,14 +88,12 @@ class MaskedAggregation(AggregationProtocol):
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
-        valid, rejected = _validate(updates, self.max_weight)
+        valid, rejected = validate_updates(updates, self.max_weight)
         if len(valid) < 2:
             raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
-        length = int(valid[0].vector.size)
-        if any(u.vector.size != length for u in valid):
-            raise ProtocolAbort("client updates differ in length")
         n = len(valid)
-        encoder = self._encoder(n, length, purpose)
+        encoder = encoder_for(purpose, clients=n, length=int(valid[0].vector.size),
+                              max_weight=self.max_weight, clip=self.clip, bits=self.bits)
         degree, threshold = self.parameters(n)
         ids = [u.client_id for u in valid]
         identities = None
@@ -146,16 +129,3 @@ class MaskedAggregation(AggregationProtocol):
                      "secagg_degree": float(degree), "secagg_threshold": float(threshold)},
         )
 
-
-def _validate(updates: Sequence[ClientUpdate], max_weight: int) -> tuple[list[ClientUpdate], list[int]]:
-    valid, rejected = [], []
-    for u in updates:
-        v = u.vector
-        ok = (isinstance(v, np.ndarray) and v.ndim == 1 and v.size >= 1 and np.isfinite(v).all()
-              and 0 <= u.client_id < SERVER and float(u.weight).is_integer()
-              and 1 <= u.weight <= max_weight)
-        if ok:
-            valid.append(u)
-        else:
-            rejected.append(u.client_id)
-    return valid, rejected

@@ -1,0 +1,58 @@
+"""What every privacy layer does to client updates before its cryptography: validation at the
+seam, and the fixed-point encoder for each purpose (model updates or feature statistics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fl_core.aggregation import ClientUpdate, Purpose
+from protocols.errors import ProtocolAbort
+from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
+
+STATISTICS_CLIP = float(2**24)
+"""Range of feature statistics (means, centred second moments) sent with purpose='statistics'."""
+
+MAX_CLIENT_ID = 2**64 - 2
+"""Client ids are u64 on the wire; 2^64 - 1 names the server."""
+
+
+def encoder_for(purpose: Purpose, *, clients: int, length: int, max_weight: int, clip: float,
+                bits: int) -> FixedPointEncoder:
+    """The encoder for one aggregation of ``clients`` vectors of ``length`` values.
+
+    Updates use the configured clip and bits; statistics use a clip of 2^24 and as many bits as
+    a 64-bit word leaves after the headroom for ``clients`` x ``max_weight`` (at least 16).
+    """
+    if purpose == "update":
+        return FixedPointEncoder(clip=clip, bits=bits, max_clients=clients, max_weight=max_weight,
+                                 max_length=length)
+    headroom = (clients * max_weight).bit_length()
+    stat_bits = min(48, MAX_MODULUS_BITS - headroom)
+    if stat_bits < 16:
+        raise ProtocolAbort("statistics: too many clients x weight for a 64-bit word")
+    return FixedPointEncoder(clip=STATISTICS_CLIP, bits=stat_bits, max_clients=clients,
+                             max_weight=max_weight, max_length=length)
+
+
+def validate_updates(updates: Sequence[ClientUpdate], max_weight: int
+                     ) -> tuple[list[ClientUpdate], list[int]]:
+    """Split updates into (usable, ids of rejected): a usable one is a finite, non-empty 1-D array
+    from a valid client id with an integer weight in [1, max_weight], as long as the others."""
+    valid, rejected = [], []
+    for u in updates:
+        v = u.vector
+        ok = (isinstance(v, np.ndarray) and v.ndim == 1 and v.size >= 1 and np.isfinite(v).all()
+              and 0 <= u.client_id <= MAX_CLIENT_ID and float(u.weight).is_integer()
+              and 1 <= u.weight <= max_weight)
+        if ok:
+            valid.append(u)
+        else:
+            rejected.append(u.client_id)
+    if valid:
+        length = valid[0].vector.size
+        if any(u.vector.size != length for u in valid):
+            raise ProtocolAbort("client updates differ in length")
+    return valid, rejected

@@ -1,0 +1,143 @@
+"""The messages of the Paillier protocol and their canonical encoding (no pickle).
+
+Each message starts with magic ``FSPM``, a version and a kind byte; :func:`decode` refuses a
+message of another kind, a short or long one, or a field out of range with
+:class:`~protocols.errors.MalformedMessage`. Ciphertext batches are carried as opaque blobs and
+validated by :func:`secagg.paillier.decode_batch` where they are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols.errors import MalformedMessage
+from protocols.wire import Reader, Writer
+from secagg.keys import KEY_BYTES, SIGNATURE_BYTES
+from secagg.paillier.keys import KEY_ID_BYTES
+
+_MAGIC = b"FSPM"
+_VERSION = 1
+ANNOUNCE_DOMAIN = b"fedsec/paillier/announce/v1"
+REGISTER_DOMAIN = b"fedsec/paillier/register/v1"
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """Key holder to everyone: the Paillier public key, its X25519 key for tags, the threshold.
+    Signed with the key holder's identity key, which clients know beforehand."""
+
+    public_key: bytes
+    tag_public: bytes
+    threshold: int
+    signature: bytes = b""
+
+    KIND = 1
+
+    def signed_part(self) -> bytes:
+        return (Writer().blob(self.public_key).fixed(self.tag_public, KEY_BYTES)
+                .u32(self.threshold).getvalue())
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Client to key holder (relayed by the server): the client's X25519 key for tags, signed with
+    the client's identity key."""
+
+    client_id: int
+    key_id: bytes
+    tag_public: bytes
+    signature: bytes = b""
+
+    KIND = 2
+
+    def signed_part(self) -> bytes:
+        return (Writer().u64(self.client_id).fixed(self.key_id, KEY_ID_BYTES)
+                .fixed(self.tag_public, KEY_BYTES).getvalue())
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Client to server: its encrypted, packed, tagged words for the round named by the digest."""
+
+    client_id: int
+    spec_digest: bytes
+    batch: bytes
+
+    KIND = 3
+
+
+@dataclass(frozen=True)
+class DecryptionRequest:
+    """Server to key holder: the spec, who contributed, and the product of their ciphertexts."""
+
+    spec: bytes
+    participants: tuple[int, ...]
+    batch: bytes
+
+    KIND = 4
+
+
+@dataclass(frozen=True)
+class DecryptionResult:
+    """Key holder to server: the verified sum of the words (the count word last)."""
+
+    sequence: int
+    participants: tuple[int, ...]
+    words: np.ndarray
+
+    KIND = 5
+
+
+Message = Announcement | Registration | Submission | DecryptionRequest | DecryptionResult
+
+
+def encode(message: Message) -> bytes:
+    w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
+    if isinstance(message, Announcement):
+        w.blob(message.public_key).fixed(message.tag_public, KEY_BYTES).u32(message.threshold)
+        w.fixed(message.signature, SIGNATURE_BYTES)
+    elif isinstance(message, Registration):
+        w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES)
+        w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
+    elif isinstance(message, Submission):
+        w.u64(message.client_id).fixed(message.spec_digest, 32).blob(message.batch)
+    elif isinstance(message, DecryptionRequest):
+        w.blob(message.spec).ids(message.participants).blob(message.batch)
+    elif isinstance(message, DecryptionResult):
+        w.u64(message.sequence).ids(message.participants)
+        w.blob(np.ascontiguousarray(message.words, dtype="<u8").tobytes())
+    else:
+        raise MalformedMessage(f"cannot encode {type(message).__name__}")
+    return w.getvalue()
+
+
+def decode(data: bytes, kind: type[Message]) -> Message:
+    """Parse ``data`` as a message of type ``kind``; anything else raises MalformedMessage."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedMessage("a message must be bytes")
+    r = Reader(bytes(data))
+    if r.fixed(4) != _MAGIC or r.u8() != _VERSION:
+        raise MalformedMessage("not a fedsec Paillier message (magic or version)")
+    if r.u8() != kind.KIND:
+        raise MalformedMessage(f"expected a {kind.__name__} message")
+    if kind is Announcement:
+        message = Announcement(bytes(r.view()), r.fixed(KEY_BYTES), r.u32(), r.fixed(SIGNATURE_BYTES))
+    elif kind is Registration:
+        message = Registration(r.u64(), r.fixed(KEY_ID_BYTES), r.fixed(KEY_BYTES),
+                               r.fixed(SIGNATURE_BYTES))
+    elif kind is Submission:
+        message = Submission(r.u64(), r.fixed(32), bytes(r.view()))
+    elif kind is DecryptionRequest:
+        message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()))
+    elif kind is DecryptionResult:
+        sequence, participants, raw = r.u64(), r.ids(), r.view()
+        if len(raw) % 8:
+            raise MalformedMessage("result words are not whole 64-bit words")
+        message = DecryptionResult(sequence, participants,
+                                   np.frombuffer(raw, dtype="<u8").astype(np.uint64))
+    else:
+        raise MalformedMessage(f"unknown message type {kind!r}")
+    r.end()
+    return message

@@ -1,0 +1,82 @@
+"""The server of the Paillier protocol: validate each submission, multiply it into the sum.
+
+It holds only the public key. A submission is parsed and every ciphertext validated
+(:func:`secagg.paillier.decode_batch`) before it touches the running product, so a refused one
+changes nothing; a client that never sends is simply not in the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import gmpy2
+import numpy as np
+
+from protocols.errors import MalformedMessage, ProtocolAbort
+from protocols.paillier.messages import (
+    DecryptionRequest,
+    DecryptionResult,
+    Submission,
+    decode,
+    encode,
+)
+from protocols.paillier.spec import RoundSpec
+from secagg.errors import InvalidCiphertextError
+from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
+
+
+class PaillierServer:
+    """Collects one aggregation.
+
+    Args:
+        public_key: the key holder's announced key.
+        spec: this aggregation's parameters (sent to every client).
+        expected: ids of the clients asked to contribute.
+        threshold: the key holder's announced minimum number of contributions.
+    """
+
+    def __init__(self, public_key: PaillierPublicKey, spec: RoundSpec, *, expected: Iterable[int],
+                 threshold: int) -> None:
+        self.public_key, self.spec, self.threshold = public_key, spec, threshold
+        self.expected = frozenset(expected)
+        self.count = spec.ciphertexts(public_key)
+        self.participants: list[int] = []
+        self.rejected: dict[int, str] = {}
+        self._total: list[gmpy2.mpz] | None = None
+
+    def receive(self, client_id: int, data: bytes) -> None:
+        """Validate ``client_id``'s submission and add it; raises MalformedMessage if refused."""
+        try:
+            message = decode(data, Submission)
+            if message.client_id != client_id:
+                raise MalformedMessage("submission names another client")
+            if client_id not in self.expected or client_id in self.participants:
+                raise MalformedMessage("submission from a client not asked or already counted")
+            if message.spec_digest != self.spec.digest:
+                raise MalformedMessage("submission is for another aggregation")
+            values = decode_batch(message.batch, self.public_key, round_index=self.spec.sequence,
+                                  count=self.count)
+        except (MalformedMessage, InvalidCiphertextError) as error:
+            self.rejected[client_id] = str(error)
+            raise MalformedMessage(f"submission of client {client_id} refused: {error}") from error
+        if self._total is None:
+            self._total = values
+        else:
+            add_into(self._total, values, self.public_key)
+        self.participants.append(client_id)
+
+    def decryption_request(self) -> bytes:
+        """The request for the key holder; ProtocolAbort if fewer than ``threshold`` contributed."""
+        if self._total is None or len(self.participants) < self.threshold:
+            raise ProtocolAbort(f"{len(self.participants)} contributions, the key holder decrypts "
+                                f"only sums of >= {self.threshold}")
+        batch = encode_batch(self.public_key, self.spec.sequence, self._total)
+        return encode(DecryptionRequest(self.spec.to_bytes(), tuple(self.participants), batch))
+
+    def finish(self, data: bytes) -> np.ndarray:
+        """The summed words (count word last) from the key holder's result."""
+        result = decode(data, DecryptionResult)
+        if (result.sequence != self.spec.sequence or result.participants != tuple(self.participants)
+                or result.words.size != self.spec.length):
+            raise ProtocolAbort("the key holder's result does not match the request")
+        return result.words
