@@ -71,7 +71,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class SecureConfig:
     aggregation: str = _opt("none", "one of none, masking, paillier",
-                            choices=("none", "masking", "paillier"), available=("none", "masking"))
+                            choices=("none", "masking", "paillier"))
     graph: str = _opt("complete", "one of complete, harary", choices=("complete", "harary"))
     threshold: int = _opt(0, "0 (chosen by the protocol's rule) or an integer >= 2",
                           lambda v: v == 0 or v >= 2)
@@ -81,7 +81,9 @@ class SecureConfig:
     bits: int = _opt(16, "an integer in [1, 32] (quantisation bits per coordinate)",
                      lambda v: 1 <= v <= 32)
     active: bool = _opt(False, "true or false (signed keys and survivor list: lying server)")
-    key_bits: int = _opt(2048, "2048 or 3072", choices=(2048, 3072), available=(2048,))
+    key_bits: int = _opt(2048, "2048 or 3072 (Paillier modulus bits)", choices=(2048, 3072))
+    custody: str = _opt("key_holder", "one of key_holder, threshold (who can decrypt a Paillier sum)",
+                        choices=("key_holder", "threshold"))
 
 
 @dataclass(frozen=True)
@@ -250,12 +252,15 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
+    masking_only = (("graph", "complete"), ("active", False))
+    paillier_only = (("key_bits", 2048), ("custody", "key_holder"))
+    if secure.aggregation != "masking":
+        _require_defaults(secure, masking_only, "masking")
+    if secure.aggregation != "paillier":
+        _require_defaults(secure, paillier_only, "paillier")
     if secure.aggregation == "none":
-        for key, default in (("graph", "complete"), ("threshold", 0), ("dropout", 0.0),
-                             ("active", False)):
-            if getattr(secure, key) != default:
-                raise ConfigError(f"secure.{key}", "needs secure.aggregation = 'masking'")
-    if secure.aggregation == "masking":
+        _require_defaults(secure, (("threshold", 0), ("dropout", 0.0)), "masking' or 'paillier")
+    else:
         from fl_core.server import clients_per_round
 
         m = clients_per_round(config.train.fraction, data.clients)
@@ -263,11 +268,15 @@ def _check_combinations(config: ExperimentConfig) -> None:
             raise ConfigError("train.fraction", f"secure aggregation needs >= 2 clients a round; "
                                                 f"{data.clients} clients x {config.train.fraction} "
                                                 f"gives {m}")
-        if secure.threshold > m - 1:
-            raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
+        if secure.aggregation == "masking":
+            if secure.threshold > m - 1:
+                raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
+                                                      f"got {secure.threshold}")
+            if secure.threshold:
+                _check_threshold(secure, m)
+        elif secure.threshold > m:
+            raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
-        if secure.threshold:
-            _check_threshold(secure, m)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
                                         f"got data.dataset = {data.dataset!r}")
@@ -290,6 +299,12 @@ def _check_combinations(config: ExperimentConfig) -> None:
         raise ConfigError("data.shards_per_client", f"data.clients x data.shards_per_client must be "
                                                     f"<= {n_train} training samples; got "
                                                     f"{data.clients * data.shards_per_client}")
+
+
+def _require_defaults(secure: SecureConfig, keys: tuple[tuple[str, Any], ...], needs: str) -> None:
+    for key, default in keys:
+        if getattr(secure, key) != default:
+            raise ConfigError(f"secure.{key}", f"needs secure.aggregation = '{needs}'")
 
 
 def _check_threshold(secure: SecureConfig, clients_per_round: int) -> None:

@@ -94,6 +94,14 @@ def build_protocol(
         return MaskedAggregation(
             max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
             graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active)
+    if s.aggregation == "paillier":
+        from protocols.paillier import PaillierAggregation, default_threshold
+
+        m = fl_core.clients_per_round(config.train.fraction, data.n_clients)
+        return PaillierAggregation(
+            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
+            threshold=s.threshold or default_threshold(m), dropout=s.dropout,
+            key_bits=s.key_bits, custody=s.custody, parties=range(data.n_clients))
     return fl_core.PlainAggregation()
 
 

@@ -1,16 +1,17 @@
 """Paillier summation behind the ``fl_core`` seam (all roles simulated in one process).
 
 Each call is one aggregation: every sampled client encodes its update with the shared
-fixed-point encoder, packs and encrypts it under the key holder's key and sends it to the server;
-the server validates and multiplies the ciphertexts and asks the key holder for the sum, which
-the key holder releases only after its checks (:mod:`protocols.paillier.keyholder`). The server
-object only ever holds the public key.
+fixed-point encoder, packs and encrypts it and sends it to the server; the server validates and
+multiplies the ciphertexts, and the sum is decrypted either by the key holder after its checks
+(:mod:`protocols.paillier.keyholder`) or by ``threshold`` clients' key shares, each party first
+checking the signed submissions it is asked to help decrypt. The server object only ever holds
+the public key.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -19,31 +20,45 @@ from fl_core.errors import InvalidParameterError
 from protocols.encoding import encoder_for, validate_updates
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.paillier.client import PaillierClient
+from protocols.paillier.dealer import ThresholdDealer
 from protocols.paillier.keyholder import PaillierKeyHolder
 from protocols.paillier.server import PaillierServer
 from protocols.paillier.spec import RoundSpec
 from protocols.transport import InMemoryTransport, Transport
 from secagg.keys import SigningKey
-from secagg.paillier import slot_bits_for
+from secagg.paillier import PaillierPublicKey, slot_bits_for
+
+CUSTODIES = ("key_holder", "threshold")
+
+
+def default_threshold(clients_per_round: int) -> int:
+    """A majority of the clients sampled per round, and at least 2."""
+    return max(2, clients_per_round // 2 + 1)
 
 
 class PaillierAggregation(AggregationProtocol):
-    """Packed Paillier summation with a separate key holder.
+    """Packed Paillier summation; the server cannot decrypt.
 
     Args:
         max_weight: largest client weight n_k (a public bound), >= 1; weights must be integers.
         rng: the run's generator (dropout draws and stochastic rounding; never cryptography).
         clip: update coordinates are clipped to [-clip, clip] before encoding, > 0.
         bits: quantisation bits per coordinate, in [1, 32].
-        threshold: fewest contributions the key holder decrypts a sum of, >= 2.
-        dropout: simulated fraction in [0, 1) of sampled clients that never send.
+        threshold: t >= 2: the fewest contributions a sum is decrypted for; under threshold
+            custody also the number of key shares that decrypt.
+        dropout: simulated fraction in [0, 1) of sampled clients that drop (before sending their
+            ciphertexts, or under threshold custody possibly before their decryption share).
         key_bits: Paillier modulus size, 2048 or 3072 (512/1024 only with ``allow_insecure_key``).
+        custody: ``key_holder`` (one party apart from the server holds the key) or ``threshold``
+            (the key is split t-of-N among ``parties``).
+        parties: every client id of the federation (threshold custody).
     """
 
     name = "paillier"
 
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0,
                  bits: int = 16, threshold: int = 2, dropout: float = 0.0, key_bits: int = 2048,
+                 custody: str = "key_holder", parties: Iterable[int] | None = None,
                  allow_insecure_key: bool = False) -> None:
         if max_weight < 1:
             raise InvalidParameterError(f"max_weight must be >= 1, got {max_weight}")
@@ -55,42 +70,65 @@ class PaillierAggregation(AggregationProtocol):
             raise InvalidParameterError(f"threshold must be >= 2, got {threshold}")
         if not 0 <= dropout < 1:
             raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
+        if custody not in CUSTODIES:
+            raise InvalidParameterError(f"custody must be one of {CUSTODIES}, got {custody!r}")
         self.max_weight, self.clip, self.bits, self.dropout = max_weight, float(clip), bits, dropout
-        self.rng = rng
-        self.key_holder = PaillierKeyHolder(threshold=threshold, key_bits=key_bits,
-                                            allow_insecure=allow_insecure_key)
-        self._announcement = self.key_holder.announcement()
+        self.threshold, self.custody, self.rng = threshold, custody, rng
+        self._identities: dict[int, SigningKey] = {}
+        self.key_holder: PaillierKeyHolder | None = None
+        self.dealer: ThresholdDealer | None = None
+        if custody == "key_holder":
+            self.key_holder = PaillierKeyHolder(threshold=threshold, key_bits=key_bits,
+                                                allow_insecure=allow_insecure_key)
+            announcer = self.key_holder
+        else:
+            members = list(parties or ())
+            if not 2 <= threshold <= len(members):
+                raise InvalidParameterError(f"threshold custody needs 2 <= threshold <= "
+                                            f"{len(members)} parties, got {threshold}")
+            self._identities = {c: SigningKey.generate() for c in members}
+            self._party_index = {c: i + 1 for i, c in enumerate(members)}
+            self.dealer = ThresholdDealer(parties=members, threshold=threshold, key_bits=key_bits,
+                                          allow_insecure=allow_insecure_key)
+            announcer = self.dealer
+        self.public_key: PaillierPublicKey = announcer.public_key
+        self._announcer_identity = announcer.identity.public
+        self._announcement = announcer.announcement()
         self._min_key_bits = min(key_bits, 2048)
         self._clients: dict[int, PaillierClient] = {}
         self._sequence = 0
 
-    @property
-    def public_key(self):
-        return self.key_holder.public_key
-
     def _client(self, client_id: int, transport: Transport) -> PaillierClient:
-        """The client object of ``client_id``, enrolled and registered on first use."""
+        """The client object of ``client_id``, set up (enrolled, key share, registered) on first use."""
         client = self._clients.get(client_id)
-        if client is None:
-            identity = SigningKey.generate()
+        if client is not None:
+            return client
+        share = roster = None
+        if self.dealer is not None:
+            if client_id not in self._identities:
+                raise ProtocolAbort(f"client {client_id} holds no key share (not a party)")
+            share = self.dealer.hand_out(client_id)
+            roster = {c: k.public for c, k in self._identities.items()}
+        identity = self._identities.setdefault(client_id, SigningKey.generate())
+        if self.key_holder is not None:
             self.key_holder.enroll(client_id, identity.public)
-            client = PaillierClient(client_id, identity=identity,
-                                    key_holder_identity=self.key_holder.identity.public,
-                                    min_key_bits=self._min_key_bits)
-            transport.to_client(client_id, self._announcement)
-            registration = client.receive_announcement(self._announcement)
+        client = PaillierClient(client_id, identity=identity,
+                                announcer_identity=self._announcer_identity, share=share,
+                                roster=roster, min_key_bits=self._min_key_bits)
+        transport.to_client(client_id, self._announcement)
+        registration = client.receive_announcement(self._announcement)
+        if registration is not None:
             transport.to_server(client_id, registration)
             self.key_holder.register(registration)
-            self._clients[client_id] = client
+        self._clients[client_id] = client
         return client
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         valid, rejected = validate_updates(updates, self.max_weight)
-        threshold = self.key_holder.threshold
-        if len(valid) < threshold:
-            raise ProtocolAbort(f"{len(valid)} valid clients, the key holder decrypts only sums "
-                                f"of >= {threshold}")
+        if len(valid) < self.threshold:
+            raise ProtocolAbort(f"{len(valid)} valid clients; only sums of >= {self.threshold} "
+                                "are decrypted")
         n = len(valid)
         length = int(valid[0].vector.size)
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=self.max_weight,
@@ -99,21 +137,24 @@ class PaillierAggregation(AggregationProtocol):
         self._sequence += 1
         spec = RoundSpec(sequence=self._sequence, length=length + 3,
                          slot_bits=slot_bits_for(word_bound, n), word_bound=word_bound,
-                         max_contributions=n)
+                         max_contributions=n, tagged=self.key_holder is not None)
         spec_bytes = spec.to_bytes()
-        ids = [u.client_id for u in valid]
-        server = PaillierServer(self.public_key, spec, expected=ids, threshold=threshold)
         transport = InMemoryTransport()
-        aborts = 0
+        clients = {u.client_id: self._client(u.client_id, transport) for u in valid}
+        server = PaillierServer(self.public_key, spec, expected=[u.client_id for u in valid],
+                                threshold=self.threshold,
+                                identities={c: k.public for c, k in self._identities.items()})
+        aborts, late_drops = 0, set()
         for u in valid:
-            client = self._client(u.client_id, transport)
             rounding = np.random.default_rng(self.rng.integers(0, 2**63 - 1))
             if self.dropout > 0 and self.rng.random() < self.dropout:
-                continue
+                if self.dealer is None or self.rng.random() < 0.5:
+                    continue
+                late_drops.add(u.client_id)
             transport.to_client(u.client_id, spec_bytes)
             encoded = encoder.encode(u.vector.astype(np.float64), int(u.weight), rng=rounding)
             try:
-                data = client.submit(spec_bytes, encoded.words)
+                data = clients[u.client_id].submit(spec_bytes, encoded.words)
             except ClientAbort:
                 aborts += 1
                 continue
@@ -122,8 +163,11 @@ class PaillierAggregation(AggregationProtocol):
                 server.receive(u.client_id, data)
             except MalformedMessage:
                 continue
-        result = self.key_holder.decrypt(server.decryption_request())
-        words = server.finish(result)
+        if self.key_holder is not None:
+            words = server.finish(self.key_holder.decrypt(server.decryption_request()))
+        else:
+            words, refused = self._threshold_decrypt(server, transport, late_drops)
+            aborts += refused
         weighted, total_weight, clipped = encoder.decode(words[:-1])
         participants = tuple(server.participants)
         return AggregateResult(
@@ -132,6 +176,26 @@ class PaillierAggregation(AggregationProtocol):
             participants=participants,
             dropped=tuple(u.client_id for u in updates if u.client_id not in set(participants)),
             upload_bytes=transport.upload_bytes,
-            metrics={"clipped": float(clipped), "rejected": float(len(rejected) + len(server.rejected)),
+            metrics={"clipped": float(clipped),
+                     "rejected": float(len(rejected) + len(server.rejected)),
                      "client_aborts": float(aborts), "contributions": float(words[-1])},
         )
+
+    def _threshold_decrypt(self, server: PaillierServer, transport: Transport,
+                           late_drops: set[int]) -> tuple[np.ndarray, int]:
+        """The summed words, and how many parties refused to give a decryption share."""
+        request = server.partial_request()
+        responses, refused = {}, 0
+        for client_id in server.participants:
+            if client_id in late_drops:
+                continue
+            transport.to_client(client_id, request)
+            client = self._clients[client_id]
+            try:
+                response = client.decryption_share(request)
+            except ClientAbort:
+                refused += 1
+                continue
+            transport.to_server(client_id, response)
+            responses[self._party_index[client_id]] = response
+        return server.combine(responses, parties=len(self._party_index)), refused

@@ -1,37 +1,58 @@
-"""The client of the Paillier protocol: check the key holder's key, register a tag key, encrypt.
+"""The client of the Paillier protocol: check the announced key, encrypt, and (under threshold
+custody) check what it is asked to decrypt before it helps.
 
-A client encrypts each aggregation's words at most once (a server asking again for an old or
-the same sequence number is refused), so no two of its ciphertexts under one set of tags hold
-different updates.
+A client encrypts each aggregation's words at most once, and contributes a decryption share to
+each aggregation at most once (an old or repeated sequence number is refused), so no two of its
+ciphertexts for one aggregation hold different updates and no server can have two different
+sums of one aggregation decrypted.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from protocols.errors import ClientAbort, MalformedMessage
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
+    KEY_HOLDER,
     REGISTER_DOMAIN,
+    SUBMIT_DOMAIN,
+    THRESHOLD,
     Announcement,
+    PartialRequest,
+    PartialResponse,
     Registration,
     Submission,
     decode,
     encode,
 )
 from protocols.paillier.spec import RoundSpec, round_tags, tag_key
-from secagg.errors import CryptoError, InvalidArgumentError
+from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from secagg.keys import KeyPair, SigningKey, verify
-from secagg.paillier import DJNRandomness, PaillierPublicKey, encode_batch, encrypt
+from secagg.paillier import (
+    DJNRandomness,
+    PaillierPublicKey,
+    add_into,
+    decode_batch,
+    encode_batch,
+    encrypt,
+)
 from secagg.paillier.keys import SECURE_KEY_BITS
+from secagg.paillier.threshold import KeyShare, decryption_shares
 
 BAD_ANNOUNCEMENT = "announcement does not verify"
 WEAK_KEY = "Paillier key is too small or malformed"
-LOW_THRESHOLD = "key holder threshold below 2"
+LOW_THRESHOLD = "threshold below 2"
+WRONG_SHARE = "key share does not match the announced key"
 NOT_READY = "no verified key yet"
 BAD_SPEC = "round spec malformed or inconsistent"
 REPLAY = "aggregation already contributed to"
 BAD_WORDS = "words do not fit the round spec"
+BAD_REQUEST = "decryption request malformed or for a stale aggregation"
+UNAUTHENTICATED = "a summed submission does not verify"
+TOO_FEW = "fewer contributions than the threshold"
 
 
 class PaillierClient:
@@ -40,27 +61,37 @@ class PaillierClient:
     Args:
         client_id: this client's id (u64, below 2^64 - 1).
         identity: this client's Ed25519 identity key (the key holder knows its public half).
-        key_holder_identity: the key holder's Ed25519 public key, known out of band.
+        announcer_identity: Ed25519 public key of whoever announces the Paillier key (the key
+            holder, or the threshold dealer), known out of band.
+        share: this client's key share (threshold custody only).
+        roster: client id -> Ed25519 identity public key of every client (threshold custody: to
+            check the submissions in a decryption request).
         min_key_bits: smallest Paillier modulus accepted (2048; smaller only for tests).
     """
 
-    def __init__(self, client_id: int, *, identity: SigningKey, key_holder_identity: bytes,
+    def __init__(self, client_id: int, *, identity: SigningKey, announcer_identity: bytes,
+                 share: KeyShare | None = None, roster: Mapping[int, bytes] | None = None,
                  min_key_bits: int = min(SECURE_KEY_BITS)) -> None:
         self.client_id = client_id
         self._identity = identity
-        self._key_holder_identity = key_holder_identity
+        self._announcer_identity = announcer_identity
+        self._share = share
+        self._roster = dict(roster or {})
         self.min_key_bits = min_key_bits
         self.public_key: PaillierPublicKey | None = None
+        self.custody = 0
         self.threshold = 0
         self._randomness: DJNRandomness | None = None
         self._tag_key = b""
-        self._last_sequence = 0
+        self._last_submitted = 0
+        self._last_decrypted = 0
 
-    def receive_announcement(self, data: bytes) -> bytes:
-        """Verify the key holder's signed key; returns this client's signed registration."""
+    def receive_announcement(self, data: bytes) -> bytes | None:
+        """Verify the signed key announcement. Under key-holder custody returns this client's
+        signed registration (its tag key); under threshold custody returns None."""
         try:
             message = decode(data, Announcement)
-            verify(self._key_holder_identity, message.signature,
+            verify(self._announcer_identity, message.signature,
                    ANNOUNCE_DOMAIN + message.signed_part())
         except (MalformedMessage, CryptoError):
             raise ClientAbort(BAD_ANNOUNCEMENT) from None
@@ -72,36 +103,46 @@ class PaillierClient:
             raise ClientAbort(WEAK_KEY)
         if message.threshold < 2:
             raise ClientAbort(LOW_THRESHOLD)
+        if message.custody == THRESHOLD and (
+                self._share is None or self._share.public_key != public_key
+                or self._share.threshold != message.threshold):
+            raise ClientAbort(WRONG_SHARE)
+        if public_key != self.public_key:
+            self._randomness = DJNRandomness(public_key)
+        self.public_key, self.threshold, self.custody = public_key, message.threshold, message.custody
+        if message.custody != KEY_HOLDER:
+            return None
         pair = KeyPair.generate()
         try:
             shared = pair.agree(message.tag_public)
         except CryptoError:
             raise ClientAbort(BAD_ANNOUNCEMENT) from None
-        if public_key != self.public_key:
-            self._randomness = DJNRandomness(public_key)
-        self.public_key, self.threshold = public_key, message.threshold
         self._tag_key = tag_key(shared, public_key.key_id, self.client_id)
         registration = Registration(self.client_id, public_key.key_id, pair.public)
         signature = self._identity.sign(REGISTER_DOMAIN + registration.signed_part())
         return encode(Registration(self.client_id, public_key.key_id, pair.public, signature))
 
-    def submit(self, spec_bytes: bytes, words: np.ndarray) -> bytes:
-        """Encrypt ``words`` (the encoder's words, without the count word) for the round ``spec``.
-
-        Returns the Submission message; raises ClientAbort if the spec is malformed, asks for an
-        aggregation this client already contributed to, or does not fit the words.
-        """
+    def _spec(self, spec_bytes: bytes) -> RoundSpec:
         if self.public_key is None or self._randomness is None:
             raise ClientAbort(NOT_READY)
         try:
             spec = RoundSpec.from_bytes(spec_bytes)
-            layout = spec.layout(self.public_key)
+            spec.layout(self.public_key)
         except (MalformedMessage, InvalidArgumentError):
             raise ClientAbort(BAD_SPEC) from None
-        if spec.sequence <= self._last_sequence:
-            raise ClientAbort(REPLAY)
-        if spec.max_contributions < self.threshold:
+        if spec.tagged != (self.custody == KEY_HOLDER) or spec.max_contributions < self.threshold:
             raise ClientAbort(BAD_SPEC)
+        return spec
+
+    def submit(self, spec_bytes: bytes, words: np.ndarray) -> bytes:
+        """Encrypt ``words`` (the encoder's words, without the count word) for ``spec``.
+
+        Returns the signed Submission; raises ClientAbort if the spec is malformed, names an
+        aggregation this client already contributed to, or does not fit the words.
+        """
+        spec = self._spec(spec_bytes)
+        if spec.sequence <= self._last_submitted:
+            raise ClientAbort(REPLAY)
         words = np.asarray(words)
         if (words.ndim != 1 or words.dtype.kind not in "ui" or words.size != spec.length - 1
                 or (words.size and (int(words.min()) < 0 or int(words.max()) > spec.word_bound))):
@@ -109,9 +150,57 @@ class PaillierClient:
         full = np.empty(spec.length, dtype=np.uint64)
         full[:-1] = words
         full[-1] = 1
+        layout = spec.layout(self.public_key)
         count = layout.ciphertexts_for(spec.length)
-        plaintexts = layout.pack(full, round_tags(self._tag_key, spec, count))
-        ciphertexts = encrypt(self.public_key, plaintexts, self._randomness)
-        self._last_sequence = spec.sequence
-        batch = encode_batch(self.public_key, spec.sequence, ciphertexts)
-        return encode(Submission(self.client_id, spec.digest, batch))
+        tags = round_tags(self._tag_key, spec, count) if spec.tagged else None
+        ciphertexts = encrypt(self.public_key, layout.pack(full, tags), self._randomness)
+        self._last_submitted = spec.sequence
+        unsigned = Submission(self.client_id, spec.digest,
+                              encode_batch(self.public_key, spec.sequence, ciphertexts))
+        signature = self._identity.sign(SUBMIT_DOMAIN + unsigned.signed_part())
+        return encode(Submission(unsigned.client_id, unsigned.spec_digest, unsigned.batch, signature))
+
+    def decryption_share(self, data: bytes) -> bytes:
+        """Threshold custody: check a decryption request and return this party's shares.
+
+        The request must name a newer aggregation than any this client helped decrypt, and carry
+        at least ``threshold`` submissions from distinct rostered clients, each signed, for that
+        aggregation and well formed; the client recomputes their product itself and decrypts
+        nothing else.
+        """
+        if self._share is None or self.custody != THRESHOLD:
+            raise ClientAbort(NOT_READY)
+        try:
+            request = decode(data, PartialRequest)
+        except MalformedMessage:
+            raise ClientAbort(BAD_REQUEST) from None
+        spec = self._spec(request.spec)
+        if spec.sequence <= self._last_decrypted:
+            raise ClientAbort(BAD_REQUEST)
+        self._last_decrypted = spec.sequence
+        if not self.threshold <= len(request.submissions) <= spec.max_contributions:
+            raise ClientAbort(TOO_FEW)
+        count = spec.ciphertexts(self.public_key)
+        seen: set[int] = set()
+        total = None
+        for raw in request.submissions:
+            try:
+                submission = decode(raw, Submission)
+                identity = self._roster.get(submission.client_id)
+                if identity is None or submission.client_id in seen:
+                    raise ClientAbort(UNAUTHENTICATED)
+                verify(identity, submission.signature, SUBMIT_DOMAIN + submission.signed_part())
+                if submission.spec_digest != spec.digest:
+                    raise ClientAbort(UNAUTHENTICATED)
+                values = decode_batch(submission.batch, self.public_key,
+                                      round_index=spec.sequence, count=count)
+            except (MalformedMessage, CryptoError, InvalidCiphertextError):
+                raise ClientAbort(UNAUTHENTICATED) from None
+            seen.add(submission.client_id)
+            if total is None:
+                total = values
+            else:
+                add_into(total, values, self.public_key)
+        shares = decryption_shares(self._share, total)
+        return encode(PartialResponse(spec.sequence, self._share.index,
+                                      encode_batch(self.public_key, spec.sequence, shares)))

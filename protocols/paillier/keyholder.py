@@ -19,6 +19,7 @@ from __future__ import annotations
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
+    KEY_HOLDER,
     REGISTER_DOMAIN,
     Announcement,
     DecryptionRequest,
@@ -71,10 +72,11 @@ class PaillierKeyHolder:
 
     def announcement(self) -> bytes:
         """The signed key announcement every client checks before registering."""
-        unsigned = Announcement(self.public_key.to_bytes(), self._tag_pair.public, self.threshold)
+        unsigned = Announcement(KEY_HOLDER, self.public_key.to_bytes(), self._tag_pair.public,
+                                self.threshold)
         signature = self.identity.sign(ANNOUNCE_DOMAIN + unsigned.signed_part())
-        return encode(Announcement(unsigned.public_key, unsigned.tag_public, self.threshold,
-                                   signature))
+        return encode(Announcement(KEY_HOLDER, unsigned.public_key, unsigned.tag_public,
+                                   self.threshold, signature))
 
     def register(self, data: bytes) -> None:
         """Accept an enrolled client's signed tag key; raises MalformedMessage otherwise."""
@@ -108,6 +110,8 @@ class PaillierKeyHolder:
             raise DecryptionRefused("a contributor is listed twice")
         if any(c not in self._tag_keys for c in contributors):
             raise DecryptionRefused("a contributor is not registered")
+        if not spec.tagged:
+            raise DecryptionRefused("the aggregate carries no integrity tags")
         if not self.threshold <= len(contributors) <= spec.max_contributions:
             raise DecryptionRefused(f"{len(contributors)} contributors, need between "
                                     f"{self.threshold} and {spec.max_contributions}")

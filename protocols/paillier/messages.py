@@ -8,6 +8,7 @@ validated by :func:`secagg.paillier.decode_batch` where they are used.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,13 +22,18 @@ _MAGIC = b"FSPM"
 _VERSION = 1
 ANNOUNCE_DOMAIN = b"fedsec/paillier/announce/v1"
 REGISTER_DOMAIN = b"fedsec/paillier/register/v1"
+SUBMIT_DOMAIN = b"fedsec/paillier/submit/v1"
+KEY_HOLDER, THRESHOLD = 1, 2
+"""Custody codes: one key holder decrypts, or t of the clients' key shares do."""
 
 
 @dataclass(frozen=True)
 class Announcement:
-    """Key holder to everyone: the Paillier public key, its X25519 key for tags, the threshold.
-    Signed with the key holder's identity key, which clients know beforehand."""
+    """Key holder (or threshold dealer) to everyone: the custody code, the Paillier public key,
+    the X25519 key for tags (key-holder custody; zeros otherwise) and the threshold. Signed with
+    the announcer's identity key, which clients know beforehand."""
 
+    custody: int
     public_key: bytes
     tag_public: bytes
     threshold: int
@@ -36,7 +42,7 @@ class Announcement:
     KIND = 1
 
     def signed_part(self) -> bytes:
-        return (Writer().blob(self.public_key).fixed(self.tag_public, KEY_BYTES)
+        return (Writer().u8(self.custody).blob(self.public_key).fixed(self.tag_public, KEY_BYTES)
                 .u32(self.threshold).getvalue())
 
 
@@ -59,13 +65,19 @@ class Registration:
 
 @dataclass(frozen=True)
 class Submission:
-    """Client to server: its encrypted, packed, tagged words for the round named by the digest."""
+    """Client to server: its encrypted, packed (and tagged) words for the aggregation named by
+    the digest, signed with the client's identity key."""
 
     client_id: int
     spec_digest: bytes
     batch: bytes
+    signature: bytes = b""
 
     KIND = 3
+
+    def signed_part(self) -> bytes:
+        return (Writer().u64(self.client_id).fixed(self.spec_digest, 32)
+                .fixed(hashlib.sha256(self.batch).digest(), 32).getvalue())
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,28 @@ class DecryptionRequest:
 
 
 @dataclass(frozen=True)
+class PartialRequest:
+    """Server to each decrypting party (threshold custody): the spec and every signed submission
+    it summed, so the party can check and recompute the product itself."""
+
+    spec: bytes
+    submissions: tuple[bytes, ...]
+
+    KIND = 6
+
+
+@dataclass(frozen=True)
+class PartialResponse:
+    """Decrypting party to server: its decryption shares of the product, as a ciphertext batch."""
+
+    sequence: int
+    party: int
+    batch: bytes
+
+    KIND = 7
+
+
+@dataclass(frozen=True)
 class DecryptionResult:
     """Key holder to server: the verified sum of the words (the count word last)."""
 
@@ -90,21 +124,29 @@ class DecryptionResult:
     KIND = 5
 
 
-Message = Announcement | Registration | Submission | DecryptionRequest | DecryptionResult
+Message = (Announcement | Registration | Submission | DecryptionRequest | DecryptionResult
+           | PartialRequest | PartialResponse)
 
 
 def encode(message: Message) -> bytes:
     w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
     if isinstance(message, Announcement):
-        w.blob(message.public_key).fixed(message.tag_public, KEY_BYTES).u32(message.threshold)
+        w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES).u32(message.threshold)
         w.fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Registration):
         w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES)
         w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Submission):
         w.u64(message.client_id).fixed(message.spec_digest, 32).blob(message.batch)
+        w.fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, DecryptionRequest):
         w.blob(message.spec).ids(message.participants).blob(message.batch)
+    elif isinstance(message, PartialRequest):
+        w.blob(message.spec).u32(len(message.submissions))
+        for submission in message.submissions:
+            w.blob(submission)
+    elif isinstance(message, PartialResponse):
+        w.u64(message.sequence).u32(message.party).blob(message.batch)
     elif isinstance(message, DecryptionResult):
         w.u64(message.sequence).ids(message.participants)
         w.blob(np.ascontiguousarray(message.words, dtype="<u8").tobytes())
@@ -123,14 +165,23 @@ def decode(data: bytes, kind: type[Message]) -> Message:
     if r.u8() != kind.KIND:
         raise MalformedMessage(f"expected a {kind.__name__} message")
     if kind is Announcement:
-        message = Announcement(bytes(r.view()), r.fixed(KEY_BYTES), r.u32(), r.fixed(SIGNATURE_BYTES))
+        custody = r.u8()
+        if custody not in (KEY_HOLDER, THRESHOLD):
+            raise MalformedMessage("unknown custody code")
+        message = Announcement(custody, bytes(r.view()), r.fixed(KEY_BYTES), r.u32(),
+                               r.fixed(SIGNATURE_BYTES))
     elif kind is Registration:
         message = Registration(r.u64(), r.fixed(KEY_ID_BYTES), r.fixed(KEY_BYTES),
                                r.fixed(SIGNATURE_BYTES))
     elif kind is Submission:
-        message = Submission(r.u64(), r.fixed(32), bytes(r.view()))
+        message = Submission(r.u64(), r.fixed(32), bytes(r.view()), r.fixed(SIGNATURE_BYTES))
     elif kind is DecryptionRequest:
         message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()))
+    elif kind is PartialRequest:
+        spec = bytes(r.view())
+        message = PartialRequest(spec, tuple(bytes(r.view()) for _ in range(r.count())))
+    elif kind is PartialResponse:
+        message = PartialResponse(r.u64(), r.u32(), bytes(r.view()))
     elif kind is DecryptionResult:
         sequence, participants, raw = r.u64(), r.ids(), r.view()
         if len(raw) % 8:

@@ -7,22 +7,27 @@ changes nothing; a client that never sends is simply not in the sum.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import gmpy2
 import numpy as np
 
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.messages import (
+    SUBMIT_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
+    PartialRequest,
+    PartialResponse,
     Submission,
     decode,
     encode,
 )
 from protocols.paillier.spec import RoundSpec
-from secagg.errors import InvalidCiphertextError
+from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
+from secagg.keys import verify
 from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
+from secagg.paillier.threshold import combine
 
 
 class PaillierServer:
@@ -32,13 +37,17 @@ class PaillierServer:
         public_key: the key holder's announced key.
         spec: this aggregation's parameters (sent to every client).
         expected: ids of the clients asked to contribute.
-        threshold: the key holder's announced minimum number of contributions.
+        threshold: the announced minimum number of contributions (and, under threshold custody,
+            of decryption shares).
+        identities: client id -> Ed25519 identity key; each submission's signature is checked.
     """
 
     def __init__(self, public_key: PaillierPublicKey, spec: RoundSpec, *, expected: Iterable[int],
-                 threshold: int) -> None:
+                 threshold: int, identities: Mapping[int, bytes]) -> None:
         self.public_key, self.spec, self.threshold = public_key, spec, threshold
         self.expected = frozenset(expected)
+        self.identities = dict(identities)
+        self._submissions: list[bytes] = []
         self.count = spec.ciphertexts(public_key)
         self.participants: list[int] = []
         self.rejected: dict[int, str] = {}
@@ -54,6 +63,11 @@ class PaillierServer:
                 raise MalformedMessage("submission from a client not asked or already counted")
             if message.spec_digest != self.spec.digest:
                 raise MalformedMessage("submission is for another aggregation")
+            try:
+                verify(self.identities.get(client_id, b""), message.signature,
+                       SUBMIT_DOMAIN + message.signed_part())
+            except CryptoError:
+                raise MalformedMessage("submission signature does not verify") from None
             values = decode_batch(message.batch, self.public_key, round_index=self.spec.sequence,
                                   count=self.count)
         except (MalformedMessage, InvalidCiphertextError) as error:
@@ -64,12 +78,16 @@ class PaillierServer:
         else:
             add_into(self._total, values, self.public_key)
         self.participants.append(client_id)
+        self._submissions.append(bytes(data))
+
+    def _check_enough(self) -> None:
+        if self._total is None or len(self.participants) < self.threshold:
+            raise ProtocolAbort(f"{len(self.participants)} contributions; only sums of >= "
+                                f"{self.threshold} are decrypted")
 
     def decryption_request(self) -> bytes:
-        """The request for the key holder; ProtocolAbort if fewer than ``threshold`` contributed."""
-        if self._total is None or len(self.participants) < self.threshold:
-            raise ProtocolAbort(f"{len(self.participants)} contributions, the key holder decrypts "
-                                f"only sums of >= {self.threshold}")
+        """Key-holder custody: the request; ProtocolAbort if fewer than ``threshold`` contributed."""
+        self._check_enough()
         batch = encode_batch(self.public_key, self.spec.sequence, self._total)
         return encode(DecryptionRequest(self.spec.to_bytes(), tuple(self.participants), batch))
 
@@ -80,3 +98,36 @@ class PaillierServer:
                 or result.words.size != self.spec.length):
             raise ProtocolAbort("the key holder's result does not match the request")
         return result.words
+
+    def partial_request(self) -> bytes:
+        """Threshold custody: what each decrypting party checks (every summed submission)."""
+        self._check_enough()
+        return encode(PartialRequest(self.spec.to_bytes(), tuple(self._submissions)))
+
+    def combine(self, responses: Mapping[int, bytes], *, parties: int) -> np.ndarray:
+        """Threshold custody: the summed words from >= ``threshold`` parties' decryption shares.
+
+        Malformed responses are dropped; ProtocolAbort if too few remain or the combined sum is
+        not what the contributors can produce (a party sent wrong shares).
+        """
+        shares = {}
+        for party, data in responses.items():
+            try:
+                response = decode(data, PartialResponse)
+                if response.sequence != self.spec.sequence or response.party != party:
+                    raise MalformedMessage("decryption share for another aggregation or party")
+                shares[party] = decode_batch(response.batch, self.public_key,
+                                             round_index=self.spec.sequence, count=self.count)
+            except (MalformedMessage, InvalidCiphertextError):
+                continue
+        if len(shares) < self.threshold:
+            raise ProtocolAbort(f"{len(shares)} valid decryption shares, need {self.threshold}")
+        try:
+            plaintexts = combine(self.public_key, shares, parties=parties, threshold=self.threshold)
+            words, _ = self.spec.layout(self.public_key).unpack(plaintexts, self.spec.length)
+        except (ReconstructionError, EncodingError) as error:
+            raise ProtocolAbort(f"decryption shares do not combine: {error}") from None
+        contributors = len(self.participants)
+        if int(words[-1]) != contributors or int(words.max()) > contributors * self.spec.word_bound:
+            raise ProtocolAbort("the decrypted sum is not one the contributors can produce")
+        return words

@@ -27,7 +27,7 @@ from secagg.paillier import PaillierPublicKey, SlotLayout, slot_bits_for
 from secagg.prg import MaskExpander
 
 TAG_BITS = 128
-_SPEC = struct.Struct(">QIBQI")
+_SPEC = struct.Struct(">QIBQI?")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class RoundSpec:
         slot_bits: bits per slot; must equal ``slot_bits_for(word_bound, max_contributions)``.
         word_bound: largest value of any one client's word, >= 1.
         max_contributions: most clients the sum may hold, >= 1.
+        tagged: plaintexts carry integrity tags for a key holder (False under threshold custody,
+            where the decrypting parties check signed submissions instead).
     """
 
     sequence: int
@@ -47,6 +49,7 @@ class RoundSpec:
     slot_bits: int
     word_bound: int
     max_contributions: int
+    tagged: bool = True
 
     def __post_init__(self) -> None:
         if self.length < 1 or self.word_bound < 1 or self.max_contributions < 1:
@@ -57,7 +60,9 @@ class RoundSpec:
 
     @property
     def tag_bits(self) -> int:
-        """Width of the top field: room for ``max_contributions`` 128-bit tags."""
+        """Width of the top field: room for ``max_contributions`` 128-bit tags (0 if untagged)."""
+        if not self.tagged:
+            return 0
         return (self.max_contributions * ((1 << TAG_BITS) - 1)).bit_length()
 
     def layout(self, public_key: PaillierPublicKey) -> SlotLayout:
@@ -70,14 +75,14 @@ class RoundSpec:
     def to_bytes(self) -> bytes:
         try:
             return _SPEC.pack(self.sequence, self.length, self.slot_bits, self.word_bound,
-                              self.max_contributions)
+                              self.max_contributions, self.tagged)
         except struct.error:
             raise MalformedMessage("round spec field out of range") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RoundSpec:
-        if len(data) != _SPEC.size:
-            raise MalformedMessage("round spec has the wrong size")
+        if len(data) != _SPEC.size or data[-1] not in (0, 1):
+            raise MalformedMessage("round spec has the wrong size or flag")
         return cls(*_SPEC.unpack(data))
 
     @property

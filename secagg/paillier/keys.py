@@ -95,6 +95,13 @@ class PaillierPrivateKey:
         """The plaintext in [0, n) of one ciphertext (assumed already validated)."""
         return self._key.raw_decrypt(int(ciphertext))
 
+    def decryption_exponent(self) -> int:
+        """d with d = 0 mod lambda(n) and d = 1 mod n, so c^d = 1 + m n mod n^2 for any ciphertext
+        of m: the secret a threshold dealer shares (:mod:`secagg.paillier.threshold`)."""
+        p, q = gmpy2.mpz(self._key.p), gmpy2.mpz(self._key.q)
+        carmichael = gmpy2.lcm(p - 1, q - 1)
+        return int(carmichael * gmpy2.invert(carmichael, self.public_key.n))
+
     def __repr__(self) -> str:
         return f"PaillierPrivateKey(key_bits={self.public_key.key_bits}, <secret>)"
 
