@@ -16,6 +16,8 @@ from fl_core.data import ArrayDataset, FederatedDataset
 from fl_core.errors import AggregationError
 
 MIN_STD = 1e-8
+ATTEMPTS = 3
+"""An aborted statistics aggregation (e.g. too many dropouts) is retried up to this many times."""
 
 
 def federated_moments(
@@ -24,8 +26,9 @@ def federated_moments(
     """Return the global per-feature ``(mean, std, upload_bytes)`` of the clients' training data.
 
     Two aggregations: first the n_k-weighted means, then the weighted second moments about the
-    global mean (better conditioned than E[x^2] - mean^2 in fixed point). Raises
-    AggregationError if the protocol had to clip any statistic.
+    global mean (better conditioned than E[x^2] - mean^2 in fixed point), each tried up to
+    ``ATTEMPTS`` times. Raises AggregationError if the protocol had to clip any statistic or
+    aborted every attempt.
     """
     d = int(np.prod(data.input_shape))
     flats = [c.x.reshape(len(c), d).astype(np.float64) for c in data.clients]
@@ -33,7 +36,13 @@ def federated_moments(
     def aggregate(vectors: list[np.ndarray]) -> tuple[np.ndarray, int]:
         updates = [ClientUpdate(k, v.astype(np.float32), float(len(data.clients[k])))
                    for k, v in enumerate(vectors)]
-        result = protocol.aggregate(0, updates, purpose="statistics")
+        for attempt in range(ATTEMPTS):
+            try:
+                result = protocol.aggregate(0, updates, purpose="statistics")
+                break
+            except AggregationError:
+                if attempt == ATTEMPTS - 1:
+                    raise
         if result.metrics.get("clipped", 0) > 0:
             raise AggregationError("feature statistics exceed the aggregation protocol's range")
         return result.weighted_sum / result.total_weight, result.upload_bytes

@@ -54,7 +54,8 @@ def test_config_file_and_target_accuracy(tmp_path):
 
 @pytest.mark.parametrize("args", [
     ["--set", "nope=1"], ["--set", "data.clients=100000"], ["--set", "train.lr=-3"],
-    ["--set", "secure.aggregation=paillier"], ["/nonexistent/exp.toml"],
+    ["--set", "secure.aggregation=paillier", "--set", "secure.key_bits=1024"],
+    ["/nonexistent/exp.toml"],
 ])
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, capsys, args):
     out = tmp_path / "run"
@@ -97,3 +98,20 @@ def test_masking_run_matches_plain_accuracy_and_records_the_protocol(tmp_path):
     assert sum(int(r["dropped"]) for r in rows) > 0
     assert all(int(r["participants"]) + int(r["dropped"]) == 6 for r in rows)
     assert int(rows[0]["upload_bytes"]) > int(_history(tmp_path / "plain")[0]["upload_bytes"])
+
+
+@pytest.mark.parametrize("custody", ["key_holder", "threshold"])
+def test_paillier_run_matches_plain_accuracy(tmp_path, custody):
+    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet"]
+    assert main(["run", "--out", str(tmp_path / "plain"), *common]) == 0
+    assert main(["run", "--out", str(tmp_path / "he"), "--set", "secure.aggregation=paillier",
+                 "--set", f"secure.custody={custody}", "--set", "secure.dropout=0.2", *common]) == 0
+    plain = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    he = json.loads((tmp_path / "he" / "summary.json").read_text())
+    assert he["final_accuracy"] >= plain["final_accuracy"] - 0.02
+    rows = _history(tmp_path / "he")
+    assert {"clipped", "contributions", "rejected"} <= set(rows[0])
+    assert sum(int(r["dropped"]) for r in rows) > 0
+    assert all(r["status"] == "ok" or r["status"].startswith("aborted") for r in rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(float(r["contributions"]) == int(r["participants"]) >= 4 for r in ok)

@@ -49,7 +49,8 @@ def test_every_key_is_documented_with_a_default():
         ("data.partition=random", "data.partition", "must be one of"),
         ("data.dataset=mnist", "data.dataset", "must be one of"),
         ("train.lr=true", "train.lr", "must be float"),
-        ("secure.aggregation=paillier", "secure.aggregation", "not available yet"),
+        ("secure.custody=threshold", "secure.custody", "needs secure.aggregation = 'paillier'"),
+        ("secure.key_bits=1024", "secure.key_bits", "must be one of"),
         ("secure.dropout=0.1", "secure.dropout", "needs secure.aggregation = 'masking'"),
         ("secure.active=1", "secure.active", "must be bool"),
         ("dp.mode=dpsgd", "dp.mode", "not available yet"),
@@ -64,6 +65,17 @@ def test_bad_values_name_the_key(override, key, words):
     assert info.value.key == key
     assert str(info.value).startswith(f"{key}: ") and words in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_paillier_checks_threshold_and_masking_only_keys():
+    make_config({"secure.aggregation": "paillier", "secure.custody": "threshold",
+                 "secure.key_bits": 3072, "secure.threshold": 4})
+    with pytest.raises(ConfigError, match="secure.threshold: must be <= clients a round = 4"):
+        make_config({"secure.aggregation": "paillier", "secure.threshold": 5})
+    with pytest.raises(ConfigError, match="secure.graph: needs secure.aggregation = 'masking'"):
+        make_config({"secure.aggregation": "paillier", "secure.graph": "harary"})
+    with pytest.raises(ConfigError, match="train.fraction"):
+        make_config({"secure.aggregation": "paillier", "train.fraction": 0.25})
 
 
 def test_masking_needs_two_clients_a_round_and_a_reachable_threshold():
