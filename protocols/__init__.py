@@ -2,5 +2,7 @@
 
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.masked import MaskedAggregation
+from protocols.paillier import PaillierAggregation
 
-__all__ = ["ClientAbort", "MalformedMessage", "MaskedAggregation", "ProtocolAbort"]
+__all__ = ["ClientAbort", "MalformedMessage", "MaskedAggregation", "PaillierAggregation",
+           "ProtocolAbort"]

@@ -1,7 +1,7 @@
 """Cryptography for secure aggregation, with no federated-learning knowledge.
 
 Shamir sharing over GF(2^256 + 297), the AES-CTR mask PRG, X25519/HKDF/AES-GCM/Ed25519 recipes,
-and the shared fixed-point encoder.
+the shared fixed-point encoder, and packed Paillier (:mod:`secagg.paillier`).
 """
 
 from secagg.encoding import Encoded, FixedPointEncoder
@@ -9,6 +9,7 @@ from secagg.errors import (
     CryptoError,
     EncodingError,
     InvalidArgumentError,
+    InvalidCiphertextError,
     ReconstructionError,
     SecAggError,
     WrapRiskError,
@@ -16,4 +17,5 @@ from secagg.errors import (
 from secagg.prg import MaskExpander
 
 __all__ = ["CryptoError", "Encoded", "EncodingError", "FixedPointEncoder", "InvalidArgumentError",
-           "MaskExpander", "ReconstructionError", "SecAggError", "WrapRiskError"]
+           "InvalidCiphertextError", "MaskExpander", "ReconstructionError", "SecAggError",
+           "WrapRiskError"]

@@ -19,11 +19,11 @@ from fl_core.aggregation import (
     Purpose,
 )
 from fl_core.errors import InvalidParameterError
+from protocols.encoding import encoder_for, validate_updates
 from protocols.errors import ProtocolAbort
 from protocols.masked.graph import choose_parameters
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
 from protocols.transport import InMemoryTransport
-from protocols.encoding import encoder_for, validate_updates
 from secagg.keys import SigningKey
 
 

@@ -131,8 +131,8 @@ Message = (Announcement | Registration | Submission | DecryptionRequest | Decryp
 def encode(message: Message) -> bytes:
     w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
     if isinstance(message, Announcement):
-        w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES).u32(message.threshold)
-        w.fixed(message.signature, SIGNATURE_BYTES)
+        w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES)
+        w.u32(message.threshold).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Registration):
         w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES)
         w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
