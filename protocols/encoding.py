@@ -4,11 +4,13 @@ seam, and the fixed-point encoder for each purpose (model updates or feature sta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from fl_core.aggregation import ClientUpdate, Purpose
+from fl_core.errors import InvalidParameterError
 from protocols.errors import ProtocolAbort
 from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder
 
@@ -17,6 +19,18 @@ STATISTICS_CLIP = float(2**24)
 
 MAX_CLIENT_ID = 2**64 - 2
 """Client ids are u64 on the wire; 2^64 - 1 names the server."""
+
+
+def check_layer_arguments(*, max_weight: int, clip: float, bits: int, dropout: float) -> None:
+    """Up-front checks of the arguments every aggregation layer takes (InvalidParameterError)."""
+    if max_weight < 1:
+        raise InvalidParameterError(f"max_weight must be >= 1, got {max_weight}")
+    if not (math.isfinite(clip) and clip > 0):
+        raise InvalidParameterError(f"clip must be a finite number > 0, got {clip}")
+    if not 1 <= bits <= 32:
+        raise InvalidParameterError(f"bits must be in [1, 32], got {bits}")
+    if not 0 <= dropout < 1:
+        raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
 
 
 def encoder_for(purpose: Purpose, *, clients: int, length: int, max_weight: int, clip: float,

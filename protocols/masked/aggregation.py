@@ -7,7 +7,6 @@ the survivors' updates, their total weight and their total clipped-value count.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +18,7 @@ from fl_core.aggregation import (
     Purpose,
 )
 from fl_core.errors import InvalidParameterError
-from protocols.encoding import encoder_for, validate_updates
+from protocols.encoding import check_layer_arguments, encoder_for, validate_updates
 from protocols.errors import ProtocolAbort
 from protocols.masked.graph import choose_parameters
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
@@ -51,18 +50,11 @@ class MaskedAggregation(AggregationProtocol):
                  graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
                  tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
                  active: bool = False) -> None:
-        if max_weight < 1:
-            raise InvalidParameterError(f"max_weight must be >= 1, got {max_weight}")
-        if not (math.isfinite(clip) and clip > 0):
-            raise InvalidParameterError(f"clip must be a finite number > 0, got {clip}")
-        if not 1 <= bits <= 32:
-            raise InvalidParameterError(f"bits must be in [1, 32], got {bits}")
+        check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if graph not in ("complete", "harary"):
             raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
         if threshold < 0 or threshold == 1:
             raise InvalidParameterError(f"threshold must be 0 (automatic) or >= 2, got {threshold}")
-        if not 0 <= dropout < 1:
-            raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
         if not 0 <= tolerated_corrupt < 1:
             raise InvalidParameterError(f"tolerated_corrupt must be in [0, 1), got {tolerated_corrupt}")
         self.max_weight, self.clip, self.bits, self.graph = max_weight, float(clip), bits, graph

@@ -10,14 +10,13 @@ the public key.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
 from fl_core.errors import InvalidParameterError
-from protocols.encoding import encoder_for, validate_updates
+from protocols.encoding import check_layer_arguments, encoder_for, validate_updates
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.paillier.client import PaillierClient
 from protocols.paillier.dealer import ThresholdDealer
@@ -60,16 +59,9 @@ class PaillierAggregation(AggregationProtocol):
                  bits: int = 16, threshold: int = 2, dropout: float = 0.0, key_bits: int = 2048,
                  custody: str = "key_holder", parties: Iterable[int] | None = None,
                  allow_insecure_key: bool = False) -> None:
-        if max_weight < 1:
-            raise InvalidParameterError(f"max_weight must be >= 1, got {max_weight}")
-        if not (math.isfinite(clip) and clip > 0):
-            raise InvalidParameterError(f"clip must be a finite number > 0, got {clip}")
-        if not 1 <= bits <= 32:
-            raise InvalidParameterError(f"bits must be in [1, 32], got {bits}")
+        check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if threshold < 2:
             raise InvalidParameterError(f"threshold must be >= 2, got {threshold}")
-        if not 0 <= dropout < 1:
-            raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
         if custody not in CUSTODIES:
             raise InvalidParameterError(f"custody must be one of {CUSTODIES}, got {custody!r}")
         self.max_weight, self.clip, self.bits, self.dropout = max_weight, float(clip), bits, dropout
