@@ -1,1 +1,26 @@
-"""Differential privacy, with no federated-learning knowledge (next issues)."""
+"""Differential privacy, with no federated-learning knowledge.
+
+- :mod:`dp.noise`: :class:`SecureRandom`, noise and sampling from AES-256-CTR.
+- :mod:`dp.per_sample` and :mod:`dp.dpsgd`: per-example clipping and :class:`DPSGD`.
+- :mod:`dp.ledger`, :mod:`dp.accountants` (PLD, PRV, RDP behind one interface) and
+  :mod:`dp.analysis` (the mathematics), :mod:`dp.calibration` (target epsilon to noise).
+- :mod:`dp.mechanisms`: client-level noise, central Gaussian and distributed Skellam.
+"""
+
+from dp.accountants import ACCOUNTANTS, Accountant, epsilon
+from dp.calibration import noise_multiplier_for, smallest_noise
+from dp.dpsgd import DPSGD, DPSGDResult
+from dp.errors import (
+    BudgetExhaustedError,
+    DPError,
+    InvalidPrivacyParameterError,
+    UnsupportedEventError,
+    UnsupportedModelError,
+)
+from dp.ledger import GaussianEvent, PrivacyLedger, SkellamEvent
+from dp.noise import SecureRandom
+
+__all__ = ["ACCOUNTANTS", "Accountant", "BudgetExhaustedError", "DPError", "DPSGD", "DPSGDResult",
+           "GaussianEvent", "InvalidPrivacyParameterError", "PrivacyLedger", "SecureRandom",
+           "SkellamEvent", "UnsupportedEventError", "UnsupportedModelError", "epsilon",
+           "noise_multiplier_for", "smallest_noise"]

@@ -31,6 +31,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="override one config key, e.g. --set train.lr=0.05 (repeatable)")
     run.add_argument("--out", metavar="DIR", help="write the run directory here")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    privacy = commands.add_parser("privacy", help="privacy accounting tools")
+    tools = privacy.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    eps = tools.add_parser(
+        "epsilon", help="epsilon of a subsampled Gaussian mechanism",
+        description="Epsilon at delta of T Poisson-subsampled Gaussian mechanisms (DP-SGD steps "
+        "with sampling rate q and noise multiplier sigma).")
+    eps.add_argument("--q", type=float, required=True, help="sampling rate, in (0, 1]")
+    eps.add_argument("--sigma", type=float, required=True, help="noise multiplier, > 0")
+    eps.add_argument("--steps", type=int, required=True, help="number of steps T, >= 1")
+    eps.add_argument("--delta", type=float, required=True, help="delta, in (0, 1)")
+    eps.add_argument("--accountant", choices=("pld", "prv", "rdp"), default="pld")
+    eps.add_argument("--json", action="store_true", help='print {"epsilon": ...}')
     return parser
 
 
@@ -39,7 +51,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "privacy":
+        return _epsilon(args)
     return EXIT_CONFIG
+
+
+def _epsilon(args: argparse.Namespace) -> int:
+    from dp.accountants import epsilon
+    from dp.errors import DPError
+
+    try:
+        value = epsilon(noise_multiplier=args.sigma, sample_rate=args.q, steps=args.steps,
+                        delta=args.delta, mechanism=args.accountant)
+    except DPError as error:
+        print(f"fedsec: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        print(json.dumps({"epsilon": value, "delta": args.delta, "accountant": args.accountant}))
+    else:
+        print(f"epsilon = {value:.4f} at delta = {args.delta:g} ({args.accountant}: q = {args.q:g}, "
+              f"sigma = {args.sigma:g}, {args.steps} steps)")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

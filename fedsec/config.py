@@ -88,16 +88,17 @@ class SecureConfig:
 
 @dataclass(frozen=True)
 class DPConfig:
-    mode: str = _opt("none", "one of none, dpsgd, client", choices=("none", "dpsgd", "client"),
-                     available=("none",))
+    mode: str = _opt("none", "one of none, dpsgd (example-level), client (client-level)",
+                     choices=("none", "dpsgd", "client"))
     noise_multiplier: float = _opt(0.0, "a number >= 0 (0 = calibrated from target_epsilon)",
-                                   lambda v: v >= 0, available=(0.0,))
-    max_grad_norm: float = _opt(1.0, "a number > 0", _positive, available=(1.0,))
-    target_epsilon: float = _opt(0.0, "a number >= 0 (0 = no target)", lambda v: v >= 0,
-                                 available=(0.0,))
-    delta: float = _opt(1e-5, "a number in (0, 1)", lambda v: 0 < v < 1, available=(1e-5,))
-    accountant: str = _opt("pld", "one of pld, prv, rdp", choices=("pld", "prv", "rdp"),
-                           available=("pld",))
+                                   lambda v: v >= 0)
+    max_grad_norm: float = _opt(1.0, "a number > 0 (L2 clip: per example for dpsgd, per client "
+                                     "update for client)", _positive)
+    target_epsilon: float = _opt(0.0, "a number >= 0 (the budget; 0 = none)", lambda v: v >= 0)
+    delta: float = _opt(1e-5, "a number in (0, 1)", lambda v: 0 < v < 1)
+    accountant: str = _opt("pld", "one of pld, prv, rdp", choices=("pld", "prv", "rdp"))
+    reproducible: bool = _opt(False, "true or false (noise from the seed: experiments only, "
+                                     "not private against whoever knows the seed)")
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
         elif secure.threshold > m:
             raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
+    _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
                                         f"got data.dataset = {data.dataset!r}")
@@ -299,6 +301,30 @@ def _check_combinations(config: ExperimentConfig) -> None:
         raise ConfigError("data.shards_per_client", f"data.clients x data.shards_per_client must be "
                                                     f"<= {n_train} training samples; got "
                                                     f"{data.clients * data.shards_per_client}")
+
+
+def _check_privacy(config: ExperimentConfig) -> None:
+    dp, train, secure = config.dp, config.train, config.secure
+    if dp.mode == "none":
+        for key, default in (("noise_multiplier", 0.0), ("target_epsilon", 0.0),
+                             ("max_grad_norm", 1.0), ("accountant", "pld"), ("reproducible", False)):
+            if getattr(dp, key) != default:
+                raise ConfigError(f"dp.{key}", "needs dp.mode = 'dpsgd' or 'client'")
+        return
+    if dp.noise_multiplier == 0 and dp.target_epsilon == 0:
+        raise ConfigError("dp.target_epsilon", "give dp.target_epsilon (noise calibrated to spend "
+                                               "it over `rounds`) or dp.noise_multiplier, or both")
+    if dp.mode == "dpsgd" and train.algorithm != "fedavg":
+        raise ConfigError("train.algorithm", "DP-SGD trains locally: needs 'fedavg'")
+    if dp.mode == "client":
+        from fl_core.server import clients_per_round
+
+        if clients_per_round(train.fraction, config.data.clients) != config.data.clients:
+            raise ConfigError("train.fraction", "client-level DP is accounted with every client in "
+                                                "every round: needs train.fraction = 1")
+        if secure.aggregation != "none" and secure.clip < dp.max_grad_norm:
+            raise ConfigError("secure.clip", f"must be >= dp.max_grad_norm = {dp.max_grad_norm} "
+                                             "(the coordinate range must hold a clipped update)")
 
 
 def _require_defaults(secure: SecureConfig, keys: tuple[tuple[str, Any], ...], needs: str) -> None:

@@ -15,6 +15,7 @@ import fl_core
 from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
 from fedsec.plots import plot_metric
+from fedsec.privacy import PrivacySetup, build_privacy
 from fedsec.progress import ProgressBar
 from fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 
@@ -29,6 +30,7 @@ class Experiment:
     data: fl_core.FederatedDataset
     server: fl_core.FederatedServer
     history: HistoryRecorder
+    privacy: PrivacySetup | None = None
 
 
 def build_experiment(
@@ -62,25 +64,33 @@ def build_experiment(
         n_classes=data.n_classes,
         seed=int(rng.integers(0, 2**63 - 1)),
     )
+    protocol = build_protocol(config, data, rng)
+    n_parameters = sum(p.numel() for p in model.parameters())
+    privacy = build_privacy(config, data, protocol, n_parameters)
+    trainer: fl_core.LocalTrainer = fl_core.SGDTrainer(epochs=t.local_epochs,
+                                                       batch_size=t.batch_size, lr=t.lr)
+    if privacy is not None:
+        trainer = privacy.trainer or trainer
+        protocol = privacy.protocol or protocol
     if t.algorithm == "fedavg":
-        trainer = fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr)
         strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer)
     else:
         strategy = fl_core.FedSGD(lr=t.lr)
     history = HistoryRecorder()
+    extra = [privacy.budget] if privacy is not None else []
     server = fl_core.FederatedServer(
         model=model,
         data=data,
         strategy=strategy,
-        protocol=build_protocol(config, data, rng),
+        protocol=protocol,
         rounds=config.rounds,
         fraction=t.fraction,
         rng=rng,
         target_accuracy=t.target_accuracy or None,
         stop_tol=t.stop_tol,
-        observers=[history, *(observers or [])],
+        observers=[history, *extra, *(observers or [])],
     )
-    return Experiment(config, data, server, history)
+    return Experiment(config, data, server, history, privacy)
 
 
 def build_protocol(
@@ -132,10 +142,23 @@ def versions() -> dict[str, str]:
 
 
 def summarize(
-    config: ExperimentConfig, result: TrainingResult, wall_seconds: float, setup_upload: int
+    config: ExperimentConfig, result: TrainingResult, wall_seconds: float, setup_upload: int,
+    privacy: PrivacySetup | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` content of a finished run."""
     last = result.records[-1].metrics if result.records else {}
+    extra: dict[str, Any] = {}
+    if privacy is not None:
+        budget = privacy.budget
+        extra = {"privacy": {
+            "unit": privacy.unit, "accountant": config.dp.accountant,
+            "noise_multiplier": privacy.noise_multiplier, "epsilon": budget.spent,
+            "epsilon_rdp": last.get("epsilon_rdp"), "delta": config.dp.delta,
+            "target_epsilon": config.dp.target_epsilon or None,
+            "budget_remaining": last.get("budget_remaining"),
+            "stopped": budget.stopped,
+            "ledger": budget.state_dict(),
+        }}
     return {
         "final_accuracy": result.final_accuracy,
         "best_accuracy": result.best_accuracy,
@@ -148,6 +171,7 @@ def summarize(
         "versions": versions(),
         "stop_reason": result.stop_reason,
         "setup_upload_bytes": setup_upload,
+        **extra,
     }
 
 
@@ -174,7 +198,8 @@ def run_experiment(
     start = time.perf_counter()
     result = experiment.server.run()
     wall = time.perf_counter() - start
-    summary = summarize(config, result, wall, experiment.server.setup_upload_bytes)
+    summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
+                        experiment.privacy)
     if out_dir is not None:
         experiment.history.write_csv(out_dir / "history.csv")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -38,7 +38,8 @@ class RoundRecord:
         seconds: wall time of the round.
         update_norm: L2 norm of the change of the global parameter vector.
         status: ``ok``, or ``aborted: <reason>`` when no sum was released (model unchanged).
-        metrics: extra numbers from the protocol and observers (e.g. ``epsilon``, ``delta``).
+        metrics: extra values from the protocol and observers (numbers such as ``epsilon`` and
+            ``delta``, or labels such as ``privacy_unit``).
     """
 
     round: int
@@ -51,7 +52,7 @@ class RoundRecord:
     seconds: float
     update_norm: float
     status: str = "ok"
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | str] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         """The record as one ``history.csv`` row (contract columns first, blanks where unknown)."""
@@ -75,9 +76,11 @@ class RoundRecord:
         return row
 
 
-def _fmt(value: float | None) -> str:
+def _fmt(value: float | str | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, str):
+        return value
     return repr(float(value))
 
 

@@ -109,11 +109,14 @@ def build_model(
         return SmallCNN(shape[0], shape[1], n_classes)
 
 
-def classification_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean loss over the batch: logistic loss for one logit, else softmax cross-entropy."""
+def classification_loss(logits: torch.Tensor, y: torch.Tensor, *, reduction: str = "mean"
+                        ) -> torch.Tensor:
+    """Logistic loss for one logit, else softmax cross-entropy; the batch mean, or one loss per
+    example with ``reduction="none"`` (what per-example clipping needs)."""
     if logits.shape[1] == 1:
-        return F.binary_cross_entropy_with_logits(logits[:, 0], y.to(logits.dtype))
-    return F.cross_entropy(logits, y)
+        return F.binary_cross_entropy_with_logits(logits[:, 0], y.to(logits.dtype),
+                                                  reduction=reduction)
+    return F.cross_entropy(logits, y, reduction=reduction)
 
 
 def predict(logits: torch.Tensor) -> torch.Tensor:

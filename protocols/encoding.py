@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -33,16 +34,38 @@ def check_layer_arguments(*, max_weight: int, clip: float, bits: int, dropout: f
         raise InvalidParameterError(f"dropout must be in [0, 1), got {dropout}")
 
 
+class ShiftedNoise(Protocol):
+    """Integer noise that clients add to their encoded value words, shifted to be non-negative:
+    every value ``draw`` returns lies in [0, ``slack``] and has mean ``offset``; the protocol
+    subtracts (number of contributions) x ``offset`` from the sum before decoding."""
+
+    offset: int
+    slack: int
+
+    def draw(self, length: int) -> np.ndarray:
+        """``length`` shifted noise values (int64)."""
+
+
+def remove_offsets(total: np.ndarray, contributions: int, noise: ShiftedNoise | None) -> np.ndarray:
+    """The decoded-ready sum: value words minus the noise shifts (signed int64 from here on)."""
+    if noise is None:
+        return total
+    out = total.astype(np.int64)
+    out[:-2] -= contributions * noise.offset
+    return out
+
+
 def encoder_for(purpose: Purpose, *, clients: int, length: int, max_weight: int, clip: float,
-                bits: int) -> FixedPointEncoder:
+                bits: int, noise: ShiftedNoise | None = None) -> FixedPointEncoder:
     """The encoder for one aggregation of ``clients`` vectors of ``length`` values.
 
-    Updates use the configured clip and bits; statistics use a clip of 2^24 and as many bits as
-    a 64-bit word leaves after the headroom for ``clients`` x ``max_weight`` (at least 16).
+    Updates use the configured clip and bits, with room for ``noise``; statistics use a clip of
+    2^24 and as many bits as a 64-bit word leaves after the headroom for ``clients`` x
+    ``max_weight`` (at least 16), and never carry noise.
     """
     if purpose == "update":
         return FixedPointEncoder(clip=clip, bits=bits, max_clients=clients, max_weight=max_weight,
-                                 max_length=length)
+                                 max_length=length, word_slack=noise.slack if noise else 0)
     headroom = (clients * max_weight).bit_length()
     stat_bits = min(48, MAX_MODULUS_BITS - headroom)
     if stat_bits < 16:

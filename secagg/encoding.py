@@ -44,17 +44,22 @@ class FixedPointEncoder:
         max_clients: most vectors that will ever be summed, >= 1.
         max_weight: largest integer weight a client may use, >= 1.
         max_length: longest vector that will be encoded, >= 1 (bounds the clipped-count word).
+        word_slack: room, >= 0, for a non-negative integer the caller adds to each value word
+            after encoding (e.g. shifted integer noise); it widens the bound by max_clients x
+            word_slack.
 
     Raises:
         WrapRiskError: the sum bound needs more than 64 bits.
     """
 
     def __init__(self, *, clip: float, bits: int, max_clients: int, max_weight: int,
-                 max_length: int = 1) -> None:
+                 max_length: int = 1, word_slack: int = 0) -> None:
         if not (math.isfinite(clip) and clip > 0):
             raise InvalidArgumentError(f"clip must be a finite number > 0, got {clip}")
         if not 1 <= bits <= 48:
             raise InvalidArgumentError(f"bits must be in [1, 48], got {bits}")
+        if word_slack < 0:
+            raise InvalidArgumentError(f"word_slack must be >= 0, got {word_slack}")
         if max_clients < 1 or max_weight < 1 or max_length < 1:
             raise InvalidArgumentError(
                 f"max_clients, max_weight and max_length must be >= 1, got {max_clients}, "
@@ -64,8 +69,10 @@ class FixedPointEncoder:
         self.max_clients = max_clients
         self.max_weight = max_weight
         self.max_length = max_length
+        self.word_slack = word_slack
         self.levels = (1 << bits) - 1
-        bound = max_clients * max(max_weight * self.levels, max_length)
+        self.word_bound = max(max_weight * self.levels + word_slack, max_length)
+        bound = max_clients * self.word_bound
         self.modulus_bits = max(bound.bit_length(), 1)
         if self.modulus_bits > MAX_MODULUS_BITS:
             raise WrapRiskError(

@@ -18,7 +18,13 @@ from fl_core.aggregation import (
     Purpose,
 )
 from fl_core.errors import InvalidParameterError
-from protocols.encoding import check_layer_arguments, encoder_for, validate_updates
+from protocols.encoding import (
+    ShiftedNoise,
+    check_layer_arguments,
+    encoder_for,
+    remove_offsets,
+    validate_updates,
+)
 from protocols.errors import ProtocolAbort
 from protocols.masked.graph import choose_parameters
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
@@ -65,8 +71,14 @@ class MaskedAggregation(AggregationProtocol):
             raise InvalidParameterError(f"tolerated_dropout must be in [0, 1), got {tolerated_dropout}")
         self.tolerated_corrupt = tolerated_corrupt
         self.rng = rng
+        self.client_noise: ShiftedNoise | None = None
+        """Shifted integer noise every client adds to its encoded update (client-level DP)."""
         self._identities: dict[int, SigningKey] = {}
         self.last_trace: RoundTrace | None = None
+
+    def min_contributions(self, n: int) -> int:
+        """The fewest inputs a released sum over n sampled clients can hold (the threshold)."""
+        return self.parameters(n)[1]
 
     def parameters(self, n: int) -> tuple[int, int]:
         """(degree, threshold) this protocol uses for n clients."""
@@ -84,8 +96,9 @@ class MaskedAggregation(AggregationProtocol):
         if len(valid) < 2:
             raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
         n = len(valid)
+        noise = self.client_noise if purpose == "update" else None
         encoder = encoder_for(purpose, clients=n, length=int(valid[0].vector.size),
-                              max_weight=self.max_weight, clip=self.clip, bits=self.bits)
+                              max_weight=self.max_weight, clip=self.clip, bits=self.bits, noise=noise)
         degree, threshold = self.parameters(n)
         ids = [u.client_id for u in valid]
         identities = None
@@ -98,7 +111,7 @@ class MaskedAggregation(AggregationProtocol):
             weights={u.client_id: int(u.weight) for u in valid},
             rngs={c: np.random.default_rng(self.rng.integers(0, 2**63 - 1)) for c in ids},
             encoder=encoder, degree=degree, threshold=threshold, round_index=round_index,
-            identities=identities)
+            identities=identities, noise=noise.draw if noise else None)
         server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:
@@ -108,7 +121,8 @@ class MaskedAggregation(AggregationProtocol):
         transport = InMemoryTransport()
         self.last_trace = run_round(server, clients, drop_at=drops, transport=transport)
         total, survivors = server.result()
-        weighted, total_weight, clipped = encoder.decode(total)
+        weighted, total_weight, clipped = encoder.decode(
+            remove_offsets(total, len(survivors), noise))
         requested = [u.client_id for u in updates]
         return AggregateResult(
             weighted_sum=weighted,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +77,7 @@ class _Context:
     signing_key: crypto.SigningKey | None
     directory: Mapping[int, bytes]
     policy: ClientPolicy
+    noise: Callable[[int], np.ndarray] | None = None
     params: m.SessionParams | None = None
     graph: RingGraph | None = None
     encoder: FixedPointEncoder | None = None
@@ -142,10 +143,16 @@ class _AwaitParams(_Stage):
             raise ClientAbort(UNSAFE_PARAMS)
         try:
             encoder = FixedPointEncoder(clip=p.clip, bits=p.bits, max_clients=p.max_clients,
-                                        max_weight=p.max_weight, max_length=p.max_length)
+                                        max_weight=p.max_weight, max_length=p.max_length,
+                                        word_slack=p.word_slack)
             encoded = encoder.encode(ctx.update, ctx.weight, rng=ctx.rng)
         except SecAggError:
             raise ClientAbort(UNSAFE_PARAMS) from None
+        if ctx.noise is not None:
+            extra = ctx.noise(p.length)
+            if extra.shape != (p.length,) or int(extra.min()) < 0 or int(extra.max()) > p.word_slack:
+                raise ClientAbort(UNSAFE_PARAMS)
+            encoded.words[:-2] += extra.astype(encoded.words.dtype)
         ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
         ctx.clipped = encoded.clipped
         ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
@@ -327,13 +334,16 @@ class MaskedClient:
         signing_key: its long-term Ed25519 key (active mode).
         directory: long-term Ed25519 public keys of all clients, by id (active mode).
         policy: what it insists on.
+        noise: length -> non-negative integers (each at most the session's word slack) that
+            it adds to its encoded value words before masking (client-level DP noise, shifted).
     """
 
     def __init__(self, *, client_id: int, session: bytes, round_index: int, update: np.ndarray,
                  weight: int, rng: np.random.Generator, signing_key: crypto.SigningKey | None = None,
-                 directory: Mapping[int, bytes] | None = None, policy: ClientPolicy | None = None) -> None:
+                 directory: Mapping[int, bytes] | None = None, policy: ClientPolicy | None = None,
+                 noise: Callable[[int], np.ndarray] | None = None) -> None:
         ctx = _Context(client_id, session, round_index, update, weight, rng, signing_key,
-                       dict(directory or {}), policy or ClientPolicy())
+                       dict(directory or {}), policy or ClientPolicy(), noise)
         self._stage: _Stage | None = _AwaitParams(ctx)
         self._ctx = ctx
         self.abort_reason: str | None = None

@@ -56,16 +56,17 @@ class SessionParams:
     max_weight: int
     max_length: int
     active: bool
+    word_slack: int = 0
 
     def write(self, w: Writer) -> None:
         w.ids(self.ring).u32(self.degree).u32(self.threshold).u64(self.length).f64(self.clip)
         w.u8(self.bits).u32(self.max_clients).u64(self.max_weight).u64(self.max_length)
-        w.u8(int(self.active))
+        w.u8(int(self.active)).u64(self.word_slack)
 
     @classmethod
     def read(cls, r: Reader) -> SessionParams:
         params = cls(r.ids(), r.u32(), r.u32(), r.u64(), r.f64(), r.u8(), r.u32(), r.u64(), r.u64(),
-                     bool(r.u8()))
+                     bool(r.u8()), r.u64())
         if not math.isfinite(params.clip):
             raise MalformedMessage("clip is not finite")
         return params

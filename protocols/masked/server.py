@@ -302,7 +302,7 @@ class MaskedServer:
             raise ValueError("active mode needs every client's long-term public key")
         params = m.SessionParams(graph.ring, graph.degree, threshold, length, encoder.clip,
                                  encoder.bits, encoder.max_clients, encoder.max_weight,
-                                 encoder.max_length, active)
+                                 encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,11 +41,13 @@ class SimulatedRound:
 def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int],
                 rngs: Mapping[int, np.random.Generator], encoder: FixedPointEncoder, degree: int,
                 threshold: int, round_index: int,
-                identities: Mapping[int, SigningKey] | None = None) -> SimulatedRound:
+                identities: Mapping[int, SigningKey] | None = None,
+                noise: Callable[[int], np.ndarray] | None = None) -> SimulatedRound:
     """Set up one round: a random session id, the clients on a CSPRNG-shuffled ring of ``degree``.
 
     ``rngs`` feed each client's stochastic rounding. Passing long-term ``identities`` (one per
-    client) runs active mode, and every client then insists on it.
+    client) runs active mode, and every client then insists on it. ``noise``, if given, is each
+    client's source of shifted integer noise (see :class:`MaskedClient`).
     """
     ids = list(updates)
     length = int(next(iter(updates.values())).size)
@@ -60,7 +62,7 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
         c: MaskedClient(client_id=c, session=session, round_index=round_index, update=updates[c],
                         weight=weights[c], rng=rngs[c],
                         signing_key=identities[c] if active else None, directory=directory,
-                        policy=policy)
+                        policy=policy, noise=noise)
         for c in ids
     }
     return SimulatedRound(session, graph, server, clients)

@@ -16,7 +16,13 @@ import numpy as np
 
 from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
 from fl_core.errors import InvalidParameterError
-from protocols.encoding import check_layer_arguments, encoder_for, validate_updates
+from protocols.encoding import (
+    ShiftedNoise,
+    check_layer_arguments,
+    encoder_for,
+    remove_offsets,
+    validate_updates,
+)
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.paillier.client import PaillierClient
 from protocols.paillier.dealer import ThresholdDealer
@@ -89,6 +95,12 @@ class PaillierAggregation(AggregationProtocol):
         self._min_key_bits = min(key_bits, 2048)
         self._clients: dict[int, PaillierClient] = {}
         self._sequence = 0
+        self.client_noise: ShiftedNoise | None = None
+        """Shifted integer noise every client adds to its encoded update (client-level DP)."""
+
+    def min_contributions(self, n: int) -> int:
+        """The fewest inputs a decrypted sum can hold (the threshold)."""
+        return self.threshold
 
     def _client(self, client_id: int, transport: Transport) -> PaillierClient:
         """The client object of ``client_id``, set up (enrolled, key share, registered) on first use."""
@@ -123,9 +135,10 @@ class PaillierAggregation(AggregationProtocol):
                                 "are decrypted")
         n = len(valid)
         length = int(valid[0].vector.size)
+        noise = self.client_noise if purpose == "update" else None
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=self.max_weight,
-                              clip=self.clip, bits=self.bits)
-        word_bound = max(self.max_weight * encoder.levels, length)
+                              clip=self.clip, bits=self.bits, noise=noise)
+        word_bound = encoder.word_bound
         self._sequence += 1
         spec = RoundSpec(sequence=self._sequence, length=length + 3,
                          slot_bits=slot_bits_for(word_bound, n), word_bound=word_bound,
@@ -145,6 +158,8 @@ class PaillierAggregation(AggregationProtocol):
                 late_drops.add(u.client_id)
             transport.to_client(u.client_id, spec_bytes)
             encoded = encoder.encode(u.vector.astype(np.float64), int(u.weight), rng=rounding)
+            if noise is not None:
+                encoded.words[:-2] += noise.draw(length).astype(encoded.words.dtype)
             try:
                 data = clients[u.client_id].submit(spec_bytes, encoded.words)
             except ClientAbort:
@@ -160,7 +175,8 @@ class PaillierAggregation(AggregationProtocol):
         else:
             words, refused = self._threshold_decrypt(server, transport, late_drops)
             aborts += refused
-        weighted, total_weight, clipped = encoder.decode(words[:-1])
+        weighted, total_weight, clipped = encoder.decode(
+            remove_offsets(words[:-1], int(words[-1]), noise))
         participants = tuple(server.participants)
         return AggregateResult(
             weighted_sum=weighted,

@@ -1,0 +1,45 @@
+"""Rényi DP (Mironov 2017): the subsampled Gaussian via dp-accounting, the Skellam mechanism via
+the bound of Agarwal, Kairouz and Liu (NeurIPS 2021, Theorem 3.5):
+
+    eps(alpha) <= alpha D2^2 / (2 mu) + min(((2 alpha - 1) D2^2 + 6 D1) / (4 mu^2), 3 D1 / (2 mu))
+
+for integer alpha > 1, noise variance mu per coordinate and sensitivities D1, D2 in integer units.
+RDP composes by addition; the conversion to (epsilon, delta) is dp-accounting's (Balle et al.
+2020, Proposition 12; Canonne et al. 2020).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from dp_accounting.rdp import RdpAccountant, compute_epsilon
+
+from dp.analysis.pld import to_dp_event
+from dp.errors import UnsupportedEventError
+from dp.ledger import Event, GaussianEvent, SkellamEvent
+
+ORDERS = tuple(range(2, 64)) + tuple(range(64, 257, 8)) + (320, 384, 512, 768, 1024)
+"""Integer orders for the Skellam bound (it holds for integer orders only)."""
+
+
+def skellam_rdp(event: SkellamEvent, orders: Sequence[int] = ORDERS) -> np.ndarray:
+    """RDP of ``event`` (all its steps) at each integer order."""
+    a = np.asarray(orders, dtype=np.float64)
+    mu, d1, d2sq = event.variance, event.l1, event.l2 ** 2
+    surcharge = np.minimum(((2 * a - 1) * d2sq + 6 * d1) / (4 * mu ** 2), 3 * d1 / (2 * mu))
+    return event.steps * (a * d2sq / (2 * mu) + surcharge)
+
+
+def epsilon(events: Sequence[Event], delta: float) -> float:
+    kinds = {type(e) for e in events}
+    if kinds <= {GaussianEvent}:
+        accountant = RdpAccountant()  # dp-accounting's default orders, fractional ones included
+        for event in events:
+            accountant.compose(to_dp_event(event))
+        return float(accountant.get_epsilon(delta))
+    if kinds <= {SkellamEvent}:
+        total = sum(skellam_rdp(e) for e in events)
+        eps, _ = compute_epsilon(list(ORDERS), total, delta)
+        return float(eps)
+    raise UnsupportedEventError("an RDP ledger mixes Gaussian and Skellam events")

@@ -1,0 +1,101 @@
+"""DP-SGD (Abadi et al. 2016) on one party's data, in place on a torch model.
+
+Each step samples every example independently with probability q = batch_size / n (Poisson
+sampling, which the accountants assume), clips each sampled example's gradient to L2 norm C,
+adds Gaussian noise of standard deviation sigma C to the sum (from :class:`~dp.noise.SecureRandom`)
+and divides by the expected batch size q n, as Opacus does. An epoch is round(1 / q) steps; a
+step whose sample is empty still adds the noise. The result names the sampling rate and the
+number of steps, which is what an accountant records.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from dp.errors import InvalidPrivacyParameterError
+from dp.noise import SecureRandom
+from dp.per_sample import LossFn, PerExampleClipper
+
+
+@dataclass(frozen=True)
+class DPSGDResult:
+    """What one call of :meth:`DPSGD.train` did: the mean loss over the sampled examples, the
+    sampling rate q and the number of noisy steps."""
+
+    loss: float
+    sample_rate: float
+    steps: int
+
+
+class DPSGD:
+    """Differentially private SGD.
+
+    Args:
+        noise_multiplier: sigma >= 0 (noise std / C); 0 clips without noise (not private).
+        max_grad_norm: C > 0.
+        batch_size: expected batch size B >= 1 (q = min(1, B / n)).
+        epochs: passes over the data, >= 1.
+        lr: learning rate, > 0.
+        random: the noise and sampling source (default: a fresh :class:`SecureRandom`).
+    """
+
+    def __init__(self, *, noise_multiplier: float, max_grad_norm: float, batch_size: int,
+                 epochs: int = 1, lr: float = 0.1, random: SecureRandom | None = None) -> None:
+        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+            raise InvalidPrivacyParameterError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise InvalidPrivacyParameterError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        if batch_size < 1 or epochs < 1 or not lr > 0:
+            raise InvalidPrivacyParameterError(
+                f"batch_size and epochs must be >= 1 and lr > 0, got {batch_size}, {epochs}, {lr}")
+        self.noise_multiplier, self.max_grad_norm = float(noise_multiplier), float(max_grad_norm)
+        self.batch_size, self.epochs, self.lr = batch_size, epochs, lr
+        self.random = random or SecureRandom()
+        self._clippers: dict[int, PerExampleClipper] = {}
+
+    def sample_rate(self, n: int) -> float:
+        return min(1.0, self.batch_size / n)
+
+    def steps(self, n: int) -> int:
+        """Noisy steps one call makes on n examples."""
+        return self.epochs * max(1, round(1 / self.sample_rate(n)))
+
+    def clipper(self, model: nn.Module) -> PerExampleClipper:
+        clipper = self._clippers.get(id(model))
+        if clipper is None or clipper.model is not model:
+            clipper = self._clippers[id(model)] = PerExampleClipper(
+                model, max_grad_norm=self.max_grad_norm)
+        return clipper
+
+    def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
+              ) -> DPSGDResult:
+        """Run DP-SGD in place; ``loss_fn`` returns one loss per example."""
+        n = int(x.shape[0])
+        if n < 1:
+            raise InvalidPrivacyParameterError("DP-SGD needs at least one example")
+        clipper = self.clipper(model)
+        model.train()
+        q = self.sample_rate(n)
+        expected = q * n
+        std = self.noise_multiplier * self.max_grad_norm
+        sizes = [p.numel() for p in clipper.params]
+        total_loss, seen = 0.0, 0
+        steps = self.steps(n)
+        masks = self.random.bernoulli(q, steps * n).reshape(steps, n)
+        noise = (torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
+                 .view(steps, -1) if std > 0 else None)
+        for step in range(steps):
+            index = torch.from_numpy(np.flatnonzero(masks[step]))
+            grads, loss = clipper.clipped_sum(x[index], y[index], loss_fn)
+            total_loss, seen = total_loss + loss, seen + int(index.numel())
+            if noise is not None:
+                grads = [g.add_(z.view_as(g)) for g, z in
+                         zip(grads, noise[step].split(sizes), strict=True)]
+            with torch.no_grad():
+                torch._foreach_add_(clipper.params, grads, alpha=-self.lr / expected)
+        return DPSGDResult(total_loss / max(seen, 1), q, steps)

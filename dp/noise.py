@@ -1,0 +1,116 @@
+"""Noise from a cryptographically secure generator.
+
+:class:`SecureRandom` expands a 256-bit key with AES-256 in counter mode (the ``cryptography``
+package); the key comes from ``os.urandom`` unless the caller derives it from a seed for a
+reproducible experiment (:meth:`SecureRandom.from_seed`; such noise is only as secret as the
+seed, so deployments must not use it). numpy's generators (PCG64, Mersenne Twister) are fast but
+predictable from their output and are never used for noise or privacy sampling here.
+
+From the uniform 64-bit words: uniforms with 53 random bits, Gaussians by the Box-Muller
+transform, Bernoulli masks, Poisson variates (a precomputed inverse-CDF table for small means,
+Hörmann's transformed rejection PTRS, as numpy uses, for means >= 10) and symmetric Skellam
+variates (the difference of two Poissons). All are vectorised; rejection loops only redraw the
+rejected entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy.special import gammaln
+
+from dp.errors import InvalidPrivacyParameterError
+
+_TABLE_MEAN = 10.0
+
+
+class SecureRandom:
+    """A stream of random numbers from AES-256-CTR.
+
+    Args:
+        key: 32 bytes; default: fresh from ``os.urandom``.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        key = os.urandom(32) if key is None else key
+        if len(key) != 32:
+            raise InvalidPrivacyParameterError("a SecureRandom key is 32 bytes")
+        self._encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+
+    @classmethod
+    def from_seed(cls, seed: int, purpose: str) -> SecureRandom:
+        """A deterministic stream for a reproducible experiment (not secret: see the module)."""
+        return cls(hashlib.sha256(f"fedsec/dp/{purpose}/{seed}".encode()).digest())
+
+    def words(self, size: int) -> np.ndarray:
+        """``size`` uniform 64-bit words."""
+        return np.frombuffer(self._encryptor.update(bytes(8 * size)), dtype=np.uint64)
+
+    def uniform(self, size: int) -> np.ndarray:
+        """Uniform float64 in [0, 1) with 53 random bits each."""
+        return (self.words(size) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+    def _open_uniform(self, size: int) -> np.ndarray:
+        """Uniform float64 in (0, 1]."""
+        return 1.0 - self.uniform(size)
+
+    def normal(self, size: int, scale: float = 1.0) -> np.ndarray:
+        """Gaussian N(0, scale^2) float64 by Box-Muller."""
+        half = (size + 1) // 2
+        radius = np.sqrt(-2.0 * np.log(self._open_uniform(half)))
+        angle = 2.0 * np.pi * self.uniform(half)
+        out = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:size]
+        return out * scale if scale != 1.0 else out
+
+    def bernoulli(self, p: float, size: int) -> np.ndarray:
+        """Boolean mask, each True with probability p."""
+        return self.uniform(size) < p
+
+    def poisson(self, mean: float, size: int) -> np.ndarray:
+        """Poisson(mean) int64 variates."""
+        if not (math.isfinite(mean) and mean >= 0):
+            raise InvalidPrivacyParameterError(f"Poisson mean must be finite and >= 0, got {mean}")
+        if mean == 0:
+            return np.zeros(size, dtype=np.int64)
+        if mean < _TABLE_MEAN:
+            return self._poisson_table(mean, size)
+        return self._poisson_ptrs(mean, size)
+
+    def skellam(self, variance: float, size: int) -> np.ndarray:
+        """Symmetric Skellam int64 variates of the given variance: Poisson(v/2) - Poisson(v/2)."""
+        return self.poisson(variance / 2, size) - self.poisson(variance / 2, size)
+
+    def _poisson_table(self, mean: float, size: int) -> np.ndarray:
+        top = int(mean + 40 * math.sqrt(mean) + 40)
+        k = np.arange(top + 1)
+        cdf = np.cumsum(np.exp(k * math.log(mean) - mean - gammaln(k + 1)))
+        return np.searchsorted(cdf, self.uniform(size), side="right").astype(np.int64)
+
+    def _poisson_ptrs(self, mean: float, size: int) -> np.ndarray:
+        # Hörmann (1993), "The transformed rejection method for generating Poisson random variables".
+        slam, loglam = math.sqrt(mean), math.log(mean)
+        b = 0.931 + 2.53 * slam
+        a = -0.059 + 0.02483 * b
+        log_inv_alpha = math.log(1.1239 + 1.1328 / (b - 3.4))
+        vr = 0.9277 - 3.6224 / (b - 2)
+        out = np.empty(size, dtype=np.int64)
+        pending = np.arange(size)
+        while pending.size:
+            n = pending.size
+            u = self.uniform(n) - 0.5
+            v = self._open_uniform(n)
+            us = 0.5 - np.abs(u)
+            k = np.floor((2 * a / np.maximum(us, 1e-300) + b) * u + mean + 0.43)
+            quick = (us >= 0.07) & (v <= vr)
+            valid = (k >= 0) & ~((us < 0.013) & (v > us))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                slow = valid & (np.log(v) + log_inv_alpha - np.log(a / (us * us) + b)
+                                <= -mean + k * loglam - gammaln(k + 1))
+            accept = quick | slow
+            out[pending[accept]] = k[accept].astype(np.int64)
+            pending = pending[~accept]
+        return out

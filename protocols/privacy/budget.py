@@ -1,0 +1,100 @@
+"""The privacy budget of a run: an accountant per kind of party, checked before every round.
+
+Each distinct cost profile (the events one round adds for a party) gets its own accountant;
+the reported epsilon is the largest over profiles, i.e. the guarantee of the worst-off party.
+Every party is charged for every released round, whether or not it was sampled or stayed online
+(an upper bound; exact when every client takes part in every round). A round that aborted
+released nothing and costs nothing.
+
+Before round r the budget asks whether finishing r keeps epsilon <= target; if not, it stops
+the run there, so the last model is the last one within budget. After each released round it
+adds to the round's metrics: ``privacy_unit``, ``epsilon`` (the configured accountant),
+``epsilon_rdp`` (the RDP cross-check), ``delta``, ``noise_multiplier``, ``sample_rate`` and
+``steps`` (of the worst-off party), and ``budget_remaining``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dp import Accountant
+from dp.ledger import Event
+from fl_core.history import RoundObserver, RoundRecord
+
+UNITS = ("example", "client")
+
+
+class PrivacyBudget(RoundObserver):
+    """Tracks epsilon per round and stops the run before it exceeds ``target_epsilon``.
+
+    Args:
+        profiles: for each kind of party, the events one released round adds to its ledger.
+        delta: the delta epsilon is reported at, in (0, 1).
+        target_epsilon: the budget (0 = report only, never stop).
+        accountant: ``pld``, ``prv`` or ``rdp``.
+        unit: what one epsilon protects: ``example`` (one record of one client) or ``client``.
+        noise_multiplier: the noise multiplier reported with every round.
+    """
+
+    def __init__(self, *, profiles: Sequence[Sequence[Event]], delta: float, target_epsilon: float,
+                 accountant: str, unit: str, noise_multiplier: float) -> None:
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+        self.profiles = [tuple(p) for p in dict.fromkeys(tuple(p) for p in profiles)]
+        self.accountants = [Accountant(accountant) for _ in self.profiles]
+        self.cross_checks = [Accountant("rdp") for _ in self.profiles]
+        self.delta, self.target, self.unit = delta, target_epsilon, unit
+        self.noise_multiplier = noise_multiplier
+        self.spent = 0.0
+        self.stopped: str | None = None
+
+    def _worst(self, accountants: list[Accountant], extra: bool) -> tuple[float, int]:
+        values = [a.epsilon_after(self.delta, *p) if extra else a.get_epsilon(self.delta)
+                  for a, p in zip(accountants, self.profiles, strict=True)]
+        index = max(range(len(values)), key=values.__getitem__)
+        return values[index], index
+
+    def epsilon_after_next_round(self) -> float:
+        return self._worst(self.accountants, True)[0]
+
+    def before_round(self, round_index: int) -> str | None:
+        if self.target <= 0:
+            return None
+        after = self.epsilon_after_next_round()
+        if after > self.target:
+            self.stopped = (f"privacy budget: round {round_index} would bring epsilon to "
+                            f"{after:.4f} > target {self.target:g} (delta {self.delta:g}); "
+                            f"stopped at epsilon {self.spent:.4f}")
+            return "privacy_budget"
+        return None
+
+    def after_round(self, record: RoundRecord) -> None:
+        if record.status == "ok":
+            for accountants in (self.accountants, self.cross_checks):
+                for a, profile in zip(accountants, self.profiles, strict=True):
+                    for event in profile:
+                        a.record(event)
+        self.spent, worst = self._worst(self.accountants, False)
+        rdp, _ = self._worst(self.cross_checks, False)
+        events = self.accountants[worst].ledger.events
+        record.metrics.update({
+            "privacy_unit": self.unit,
+            "epsilon": self.spent,
+            "epsilon_rdp": rdp,
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": max((getattr(e, "sample_rate", 1.0) for e in events), default=0.0),
+            "steps": float(sum(e.steps for e in events)),
+        })
+        if self.target > 0:
+            record.metrics["budget_remaining"] = max(self.target - self.spent, 0.0)
+
+    def state_dict(self) -> dict:
+        return {"accountants": [a.state_dict() for a in self.accountants],
+                "cross_checks": [a.state_dict() for a in self.cross_checks]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for a, s in zip(self.accountants, state["accountants"], strict=True):
+            a.load_state_dict(s)
+        for a, s in zip(self.cross_checks, state["cross_checks"], strict=True):
+            a.load_state_dict(s)

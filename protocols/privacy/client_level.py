@@ -1,0 +1,132 @@
+"""Client-level differential privacy (McMahan et al. 2018) around an aggregation protocol.
+
+Each client's update is clipped to L2 norm S and enters the sum with weight 1; the released sum
+carries noise, so one client's whole contribution is protected. Neighbouring runs differ in one
+client's update being replaced by zero ("zero-out": who takes part is visible to the server
+anyway), and the average divides by the number of contributions, which is public.
+
+- Central (plain aggregation): the server adds N(0, (z S)^2) per coordinate to the sum, drawn
+  from :class:`dp.SecureRandom`; each round is a Gaussian mechanism with noise multiplier z.
+- Distributed (masking or Paillier): the server must never see a clean sum, so each client adds
+  integer noise to its encoded words before masking or encryption: a symmetric Skellam share of
+  variance mu / t, where t is the fewest contributions the protocol ever releases (its
+  threshold), so every released sum carries Skellam noise of variance >= mu (sums of independent
+  Skellams are Skellam). In the encoder's integer units (clip S, L = 2^bits - 1 levels) one
+  client moves the sum by at most D2 = L / 2 + sqrt(d) in L2 (the scaled update plus at most one
+  unit of stochastic rounding per coordinate) and D1 = min(sqrt(d) D2, D2^2) in L1, and
+  mu = (z D2)^2; each round is accounted as a Skellam mechanism (Agarwal et al. 2021). Shares
+  are shifted by 20 standard deviations so that they are non-negative words, the protocol's
+  modulus or slots are widened by that room, and the shifts are subtracted after the sum (a share
+  outside the room, probability below 1e-80, is refused rather than wrapped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from dp import SecureRandom
+from dp.ledger import Event, GaussianEvent, SkellamEvent
+from fl_core.aggregation import (
+    AggregateResult,
+    AggregationProtocol,
+    ClientUpdate,
+    PlainAggregation,
+    Purpose,
+)
+from fl_core.errors import InvalidParameterError
+from protocols.errors import ProtocolAbort
+
+SHIFT_STDS = 20
+
+
+class SkellamShares:
+    """One client's shifted Skellam noise share: values in [0, slack] with mean ``offset``."""
+
+    def __init__(self, variance: float, random: SecureRandom) -> None:
+        if not variance > 0:
+            raise InvalidParameterError(f"noise variance must be > 0, got {variance}")
+        self.variance, self.random = variance, random
+        self.offset = math.ceil(SHIFT_STDS * math.sqrt(variance)) + 1
+        self.slack = 2 * self.offset
+
+    def draw(self, length: int) -> np.ndarray:
+        shifted = self.random.skellam(self.variance, length) + self.offset
+        if shifted.size and (int(shifted.min()) < 0 or int(shifted.max()) > self.slack):
+            raise ProtocolAbort("a noise share fell outside its room (probability < 1e-80)")
+        return shifted
+
+
+def sensitivity(bits: int, length: int) -> tuple[float, float]:
+    """(L1, L2) sensitivity in encoder units of one client's clipped update of ``length`` values."""
+    l2 = ((1 << bits) - 1) / 2 + math.sqrt(length)
+    return min(math.sqrt(length) * l2, l2 * l2), l2
+
+
+class ClientLevelDP(AggregationProtocol):
+    """Clip each update to ``clip_norm``, weight it 1, and make the released sum noisy.
+
+    Args:
+        inner: the protocol that sums: ``PlainAggregation`` (central noise) or one with a
+            ``client_noise`` hook and ``min_contributions`` (masking, Paillier: distributed noise).
+        clip_norm: S > 0; the inner protocol's coordinate clip must be at least S.
+        noise_multiplier: z > 0 (noise std / sensitivity).
+        random: the noise source.
+    """
+
+    def __init__(self, inner: AggregationProtocol, *, clip_norm: float, noise_multiplier: float,
+                 random: SecureRandom) -> None:
+        if not (math.isfinite(clip_norm) and clip_norm > 0):
+            raise InvalidParameterError(f"clip_norm must be > 0, got {clip_norm}")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise InvalidParameterError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        self.inner, self.clip_norm, self.noise_multiplier = inner, float(clip_norm), noise_multiplier
+        self.random = random
+        self.central = isinstance(inner, PlainAggregation)
+        if not self.central:
+            if not hasattr(inner, "client_noise") or not hasattr(inner, "min_contributions"):
+                raise InvalidParameterError(f"{type(inner).__name__} cannot carry client noise")
+            if getattr(inner, "clip", clip_norm) < clip_norm:
+                raise InvalidParameterError("the protocol's coordinate clip is below the L2 clip")
+        self.name = f"{inner.name}+client-dp"
+
+    def round_events(self, length: int) -> list[Event]:
+        """What one released round of ``length`` values costs."""
+        if self.central:
+            return [GaussianEvent(self.noise_multiplier, 1.0, 1)]
+        l1, l2 = sensitivity(self.inner.bits, length)
+        return [SkellamEvent(l1, l2, (self.noise_multiplier * l2) ** 2, 1)]
+
+    def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
+                  purpose: Purpose = "update") -> AggregateResult:
+        if purpose != "update":
+            return self.inner.aggregate(round_index, updates, purpose=purpose)
+        clipped = [ClientUpdate(u.client_id, _clip(u.vector, self.clip_norm), 1.0) for u in updates]
+        if self.central:
+            result = self.inner.aggregate(round_index, clipped)
+            noise = self.random.normal(result.weighted_sum.size, self.noise_multiplier * self.clip_norm)
+            return _with_sum(result, result.weighted_sum + noise)
+        length = int(clipped[0].vector.size) if clipped else 0
+        _, l2 = sensitivity(self.inner.bits, length)
+        total_variance = (self.noise_multiplier * l2) ** 2
+        share = total_variance / self.inner.min_contributions(len(updates))
+        self.inner.client_noise = SkellamShares(share, self.random)
+        try:
+            return self.inner.aggregate(round_index, clipped)
+        finally:
+            self.inner.client_noise = None
+
+
+def _clip(vector: np.ndarray, bound: float) -> np.ndarray:
+    if not isinstance(vector, np.ndarray) or not np.isfinite(vector).all():
+        return vector  # the inner protocol rejects it and says so
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
+    return (vector * min(1.0, bound / norm)).astype(np.float32) if norm > 0 else vector
+
+
+def _with_sum(result: AggregateResult, weighted_sum: np.ndarray) -> AggregateResult:
+    return AggregateResult(weighted_sum=weighted_sum, total_weight=result.total_weight,
+                           participants=result.participants, dropped=result.dropped,
+                           upload_bytes=result.upload_bytes, metrics=result.metrics)
