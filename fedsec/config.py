@@ -70,7 +70,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class SecureConfig:
-    aggregation: str = _opt("none", "one of none, masking, paillier",
+    aggregation: str = _opt("masking", "one of none, masking, paillier",
                             choices=("none", "masking", "paillier"))
     graph: str = _opt("complete", "one of complete, harary", choices=("complete", "harary"))
     threshold: int = _opt(0, "0 (chosen by the protocol's rule) or an integer >= 2",
@@ -88,13 +88,13 @@ class SecureConfig:
 
 @dataclass(frozen=True)
 class DPConfig:
-    mode: str = _opt("none", "one of none, dpsgd (example-level), client (client-level)",
+    mode: str = _opt("dpsgd", "one of none, dpsgd (example-level), client (client-level)",
                      choices=("none", "dpsgd", "client"))
     noise_multiplier: float = _opt(0.0, "a number >= 0 (0 = calibrated from target_epsilon)",
                                    lambda v: v >= 0)
     max_grad_norm: float = _opt(1.0, "a number > 0 (L2 clip: per example for dpsgd, per client "
                                      "update for client)", _positive)
-    target_epsilon: float = _opt(0.0, "a number >= 0 (the budget; 0 = none)", lambda v: v >= 0)
+    target_epsilon: float = _opt(3.0, "a number >= 0 (the budget; 0 = none)", lambda v: v >= 0)
     delta: float = _opt(1e-5, "a number in (0, 1)", lambda v: 0 < v < 1)
     accountant: str = _opt("pld", "one of pld, prv, rdp", choices=("pld", "prv", "rdp"))
     reproducible: bool = _opt(False, "true or false (noise from the seed: experiments only, "
@@ -106,7 +106,7 @@ class ExperimentConfig:
     """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
 
     seed: int = _opt(0, "an integer in [0, 2**63)", lambda v: 0 <= v < 2**63)
-    rounds: int = _opt(20, "an integer >= 1", lambda v: v >= 1)
+    rounds: int = _opt(30, "an integer >= 1", lambda v: v >= 1)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -306,9 +306,10 @@ def _check_combinations(config: ExperimentConfig) -> None:
 def _check_privacy(config: ExperimentConfig) -> None:
     dp, train, secure = config.dp, config.train, config.secure
     if dp.mode == "none":
-        for key, default in (("noise_multiplier", 0.0), ("target_epsilon", 0.0),
-                             ("max_grad_norm", 1.0), ("accountant", "pld"), ("reproducible", False)):
-            if getattr(dp, key) != default:
+        defaults = DPConfig()
+        for key in ("noise_multiplier", "target_epsilon", "max_grad_norm", "accountant",
+                    "reproducible", "delta"):
+            if getattr(dp, key) != getattr(defaults, key):
                 raise ConfigError(f"dp.{key}", "needs dp.mode = 'dpsgd' or 'client'")
         return
     if dp.noise_multiplier == 0 and dp.target_epsilon == 0:

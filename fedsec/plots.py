@@ -37,3 +37,24 @@ def plot_metric(
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_tradeoff(points: Sequence[tuple[float, float, float]], *, path: str | Path, title: str,
+                  baseline: float | None = None) -> None:
+    """Accuracy against epsilon: (epsilon, mean accuracy, standard deviation) per point, and the
+    non-private accuracy as a dashed line."""
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    eps = [p[0] for p in points]
+    ax.errorbar(eps, [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                markersize=4, capsize=3, linewidth=1.5, label="private")
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="no DP")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon spent")
+    ax.set_ylabel("final test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

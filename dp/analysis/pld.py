@@ -1,7 +1,8 @@
 """Privacy loss distributions (dp-accounting's PLD accountant, Doroshenko et al. 2022).
 
-Pessimistic estimates (the default of dp-accounting), so the epsilon is an upper bound; the
-value discretisation of 1e-4 keeps it within about 0.001 of the exact value here.
+Pessimistic estimates (the default of dp-accounting), so the epsilon is an upper bound; a value
+discretisation of 1e-3 keeps it within about 0.004 above the exact value at 10^4 steps, at an
+eighth of the time of 1e-4 (which every round's budget check pays).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp.errors import UnsupportedEventError
 from dp.ledger import Event, GaussianEvent
 
-VALUE_DISCRETIZATION = 1e-4
+VALUE_DISCRETIZATION = 1e-3
 
 
 def epsilon(events: Sequence[Event], delta: float) -> float:

@@ -10,6 +10,8 @@ from fedsec.experiment import RUN_FILES
 from fl_core.history import HISTORY_COLUMNS
 
 FAST = ["--set", "rounds=3", "--quiet"]
+PLAIN = ["--set", "secure.aggregation=none", "--set", "dp.mode=none"]
+NO_DP = ["--set", "dp.mode=none"]
 
 
 def _history(path):
@@ -38,14 +40,15 @@ def test_same_seed_same_history(tmp_path):
     runs = []
     for name in ("a", "b"):
         main(["run", "--out", str(tmp_path / name), "--set", "train.fraction=0.5",
-              "--set", "data.clients=8", *FAST])
+              "--set", "data.clients=8", "--set", "dp.reproducible=true", *FAST])
         runs.append([{k: v for k, v in r.items() if k != "seconds"} for r in _history(tmp_path / name)])
     assert runs[0] == runs[1]
 
 
 def test_config_file_and_target_accuracy(tmp_path):
     config = tmp_path / "exp.toml"
-    config.write_text('rounds = 40\n[train]\ntarget_accuracy = 0.95\n[data]\npartition = "dirichlet"\n')
+    config.write_text('rounds = 40\n[train]\ntarget_accuracy = 0.95\n[data]\npartition = "dirichlet"\n'
+                      '[dp]\nmode = "none"\n[secure]\naggregation = "none"\n')
     assert main(["run", str(config), "--out", str(tmp_path / "r"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["stop_reason"] == "target_accuracy"
@@ -80,14 +83,15 @@ def test_python_dash_m_fedsec(tmp_path):
 ])
 def test_datasets_models_and_partitions_run(tmp_path, overrides):
     args = [a for o in overrides for a in ("--set", o)]
-    assert main(["run", "--out", str(tmp_path / "r"), "--set", "rounds=2", "--quiet", *args]) == 0
+    assert main(["run", "--out", str(tmp_path / "r"), "--set", "rounds=2", "--quiet", *PLAIN,
+                 *args]) == 0
     rows = _history(tmp_path / "r")
     assert len(rows) == 2 and all(0.0 <= float(r["accuracy"]) <= 1.0 for r in rows)
 
 
 def test_masking_run_matches_plain_accuracy_and_records_the_protocol(tmp_path):
-    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet"]
-    assert main(["run", "--out", str(tmp_path / "plain"), *common]) == 0
+    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet", *NO_DP]
+    assert main(["run", "--out", str(tmp_path / "plain"), *common, *PLAIN]) == 0
     assert main(["run", "--out", str(tmp_path / "masked"), "--set", "secure.aggregation=masking",
                  "--set", "secure.dropout=0.2", "--set", "secure.active=true", *common]) == 0
     plain = json.loads((tmp_path / "plain" / "summary.json").read_text())
@@ -102,8 +106,8 @@ def test_masking_run_matches_plain_accuracy_and_records_the_protocol(tmp_path):
 
 @pytest.mark.parametrize("custody", ["key_holder", "threshold"])
 def test_paillier_run_matches_plain_accuracy(tmp_path, custody):
-    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet"]
-    assert main(["run", "--out", str(tmp_path / "plain"), *common]) == 0
+    common = ["--set", "rounds=15", "--set", "data.clients=6", "--quiet", *NO_DP]
+    assert main(["run", "--out", str(tmp_path / "plain"), *common, *PLAIN]) == 0
     assert main(["run", "--out", str(tmp_path / "he"), "--set", "secure.aggregation=paillier",
                  "--set", f"secure.custody={custody}", "--set", "secure.dropout=0.2", *common]) == 0
     plain = json.loads((tmp_path / "plain" / "summary.json").read_text())

@@ -8,13 +8,17 @@ def test_defaults_are_the_hospital_experiment():
     config = load_config()
     assert config == ExperimentConfig()
     assert (config.data.dataset, config.data.clients, config.model.name, config.train.algorithm,
-            config.rounds) == ("breast_cancer", 4, "logreg", "fedavg", 20)
+            config.rounds) == ("breast_cancer", 4, "logreg", "fedavg", 30)
+    # the private stack: masking and DP-SGD spending epsilon = 3 at delta = 1e-5
+    assert (config.secure.aggregation, config.dp.mode, config.dp.target_epsilon,
+            config.dp.delta) == ("masking", "dpsgd", 3.0, 1e-5)
 
 
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "exp.toml"
     path.write_text('rounds = 7\n[data]\ndataset = "digits"\nclients = 12\n[train]\nlr = 1\n')
-    config = load_config(path, ["data.clients=3", "train.algorithm=fedsgd", "model.name='mlp'"])
+    config = load_config(path, ["data.clients=3", "train.algorithm=fedsgd", "model.name='mlp'",
+                                "dp.mode=none"])
     assert config.rounds == 7 and config.data.dataset == "digits" and config.data.clients == 3
     assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
     assert config.train.algorithm == "fedsgd" and config.model.name == "mlp"
@@ -51,9 +55,12 @@ def test_every_key_is_documented_with_a_default():
         ("train.lr=true", "train.lr", "must be float"),
         ("secure.custody=threshold", "secure.custody", "needs secure.aggregation = 'paillier'"),
         ("secure.key_bits=1024", "secure.key_bits", "must be one of"),
-        ("secure.dropout=0.1", "secure.dropout", "needs secure.aggregation = 'masking'"),
+        ("secure.key_bits=3072", "secure.key_bits", "needs secure.aggregation = 'paillier'"),
         ("secure.active=1", "secure.active", "must be bool"),
-        ("dp.mode=dpsgd", "dp.mode", "not available yet"),
+        ("dp.target_epsilon=0", "dp.target_epsilon", "give dp.target_epsilon"),
+        ("dp.noise_multiplier=-1", "dp.noise_multiplier", ">= 0"),
+        ("train.algorithm=fedsgd", "train.algorithm", "DP-SGD trains locally"),
+        ("dp.accountant=gdp", "dp.accountant", "must be one of"),
         ("data.clients=500", "data.clients", "456 training samples"),
         ("model.name=cnn", "model.name", "image data"),
         ("rounds", "rounds", "key=value"),
