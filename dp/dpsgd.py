@@ -87,8 +87,9 @@ class DPSGD:
         total_loss, seen = 0.0, 0
         steps = self.steps(n)
         masks = self.random.bernoulli(q, steps * n).reshape(steps, n)
+        device = clipper.params[0].device
         noise = (torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
-                 .view(steps, -1) if std > 0 else None)
+                 .view(steps, -1).to(device) if std > 0 else None)
         for step in range(steps):
             index = torch.from_numpy(np.flatnonzero(masks[step]))
             grads, loss = clipper.clipped_sum(x[index], y[index], loss_fn)

@@ -20,6 +20,7 @@ cannot train (batch normalisation and the like) with its own message.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -114,7 +115,7 @@ class PerExampleClipper:
             return None
         outputs = [out for _, _, out in self._records]
         grads_out = torch.autograd.grad(losses.sum(), outputs)
-        factors, squared = [], torch.zeros(x.shape[0], dtype=losses.dtype)
+        factors, squared = [], torch.zeros(x.shape[0], dtype=losses.dtype, device=losses.device)
         for (layer, a, _), d in zip(self._records, grads_out, strict=True):
             if isinstance(layer, nn.Linear):
                 squared += a.pow(2).sum(1) * d.pow(2).sum(1)
@@ -158,7 +159,9 @@ class PerExampleClipper:
         losses = loss_fn(self._wrapped(x), y)
         for p in self.params:
             p.grad_sample = None
-        losses.sum().backward()
+        with warnings.catch_warnings():  # torch notes that the inputs need no gradient: true
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            losses.sum().backward()
         samples = [p.grad_sample for p in self.params]
         norms = torch.stack([g.flatten(1).norm(dim=1) for g in samples], dim=1).norm(dim=1)
         scale = (self.max_grad_norm / (norms + 1e-12)).clamp(max=1.0)

@@ -37,6 +37,8 @@ class DataConfig:
     dataset: str = _opt("breast_cancer", "one of breast_cancer, digits, synthetic",
                         choices=("breast_cancer", "digits", "synthetic"))
     clients: int = _opt(4, "an integer >= 1 (K, the number of clients)", lambda v: v >= 1)
+    standardize: bool = _opt(True, "true or false (federated feature scaling where the data set "
+                                   "needs it; its statistics carry no DP noise)")
     partition: str = _opt("iid", "one of iid, unbalanced, shards, dirichlet, feature_bias",
                           choices=("iid", "unbalanced", "shards", "dirichlet", "feature_bias"))
     alpha: float = _opt(0.5, "a number > 0 (Dirichlet concentration)", _positive)

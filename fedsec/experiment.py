@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
@@ -58,6 +59,8 @@ def build_experiment(
         )
     except fl_core.InvalidParameterError as error:
         raise ConfigError("data", str(error)) from None
+    if not d.standardize:
+        data = dataclasses.replace(data, standardize=False)
     model = fl_core.build_model(
         config.model.name,
         input_shape=data.input_shape,
@@ -157,6 +160,7 @@ def summarize(
             "target_epsilon": config.dp.target_epsilon or None,
             "budget_remaining": last.get("budget_remaining"),
             "stopped": budget.stopped,
+            "not_covered": privacy.not_covered,
             "ledger": budget.state_dict(),
         }}
     return {

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -50,10 +51,12 @@ def plot_tradeoff(points: Sequence[tuple[float, float, float]], *, path: str | P
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label="no DP")
     ax.set_xscale("log")
+    ax.set_xticks(eps, [f"{e:.3g}" for e in eps])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("epsilon spent")
     ax.set_ylabel("final test accuracy")
     ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path)

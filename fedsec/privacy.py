@@ -3,7 +3,7 @@ the client-level wrapper, the calibrated noise, and the budget observer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fl_core
 from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
@@ -22,6 +22,8 @@ class PrivacySetup:
     budget: PrivacyBudget
     trainer: DPSGDTrainer | None = None
     protocol: ClientLevelDP | None = None
+    not_covered: list[str] = field(default_factory=list)
+    """Releases epsilon does not account for (said in summary.json, never silently)."""
 
 
 def _random(config: ExperimentConfig, purpose: str) -> SecureRandom:
@@ -33,6 +35,16 @@ def _random(config: ExperimentConfig, purpose: str) -> SecureRandom:
 def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
                   protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
     """The privacy layer the configuration asks for, with the noise calibrated if needed."""
+    setup = _build(config, data, protocol, n_parameters)
+    if setup is not None and data.standardize:
+        setup.not_covered.append("feature standardisation statistics (one release of the "
+                                 "federation's per-feature mean and spread, without noise; "
+                                 "data.standardize = false avoids it)")
+    return setup
+
+
+def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
+           protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
     p, t = config.dp, config.train
     if p.mode == "none":
         return None
