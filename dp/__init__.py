@@ -1,10 +1,13 @@
 """Differential privacy, with no federated-learning knowledge.
 
-- :mod:`dp.noise`: :class:`SecureRandom`, noise and sampling from AES-256-CTR.
+- :mod:`dp.noise`: :class:`SecureRandom`, noise and sampling from AES-256-CTR (Gaussian,
+  Bernoulli, Poisson, Skellam).
 - :mod:`dp.per_sample` and :mod:`dp.dpsgd`: per-example clipping and :class:`DPSGD`.
 - :mod:`dp.ledger`, :mod:`dp.accountants` (PLD, PRV, RDP behind one interface) and
   :mod:`dp.analysis` (the mathematics), :mod:`dp.calibration` (target epsilon to noise).
-- :mod:`dp.mechanisms`: client-level noise, central Gaussian and distributed Skellam.
+
+How these compose with federated learning (DP-SGD as a local trainer, client-level noise around
+an aggregation protocol, the per-round budget) lives in :mod:`protocols.privacy`.
 """
 
 from dp.accountants import ACCOUNTANTS, Accountant, epsilon

@@ -11,10 +11,10 @@ anyway), and the average divides by the number of contributions, which is public
   integer noise to its encoded words before masking or encryption: a symmetric Skellam share of
   variance mu / t, where t is the fewest contributions the protocol ever releases (its
   threshold), so every released sum carries Skellam noise of variance >= mu (sums of independent
-  Skellams are Skellam). In the encoder's integer units (clip S, L = 2^bits - 1 levels) one
-  client moves the sum by at most D2 = L / 2 + sqrt(d) in L2 (the scaled update plus at most one
-  unit of stochastic rounding per coordinate) and D1 = min(sqrt(d) D2, D2^2) in L1, and
-  mu = (z D2)^2; each round is accounted as a Skellam mechanism (Agarwal et al. 2021). Shares
+  Skellams are Skellam). In the encoder's integer units (coordinate clip c >= S, L = 2^bits - 1
+  levels) one client moves the sum by at most D2 = (L / 2)(S / c) + sqrt(d) in L2 (the scaled
+  update plus at most one unit of stochastic rounding per coordinate) and
+  D1 = min(sqrt(d) D2, D2^2) in L1, and mu = (z D2)^2; each round is accounted as a Skellam mechanism (Agarwal et al. 2021). Shares
   are shifted by 20 standard deviations so that they are non-negative words, the protocol's
   modulus or slots are widened by that room, and the shifts are subtracted after the sum (a share
   outside the room, probability below 1e-80, is refused rather than wrapped).
@@ -59,9 +59,11 @@ class SkellamShares:
         return shifted
 
 
-def sensitivity(bits: int, length: int) -> tuple[float, float]:
-    """(L1, L2) sensitivity in encoder units of one client's clipped update of ``length`` values."""
-    l2 = ((1 << bits) - 1) / 2 + math.sqrt(length)
+def sensitivity(bits: int, length: int, clip_ratio: float = 1.0) -> tuple[float, float]:
+    """(L1, L2) sensitivity in encoder units of one client's update of ``length`` values clipped
+    to L2 norm S, for an encoder of ``bits`` with coordinate clip c = S / ``clip_ratio`` >= S: the
+    encoder scales by L / (2c), and stochastic rounding moves each coordinate by less than 1."""
+    l2 = ((1 << bits) - 1) / 2 * clip_ratio + math.sqrt(length)
     return min(math.sqrt(length) * l2, l2 * l2), l2
 
 
@@ -96,8 +98,11 @@ class ClientLevelDP(AggregationProtocol):
         """What one released round of ``length`` values costs."""
         if self.central:
             return [GaussianEvent(self.noise_multiplier, 1.0, 1)]
-        l1, l2 = sensitivity(self.inner.bits, length)
+        l1, l2 = self._sensitivity(length)
         return [SkellamEvent(l1, l2, (self.noise_multiplier * l2) ** 2, 1)]
+
+    def _sensitivity(self, length: int) -> tuple[float, float]:
+        return sensitivity(self.inner.bits, length, self.clip_norm / self.inner.clip)
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
@@ -109,7 +114,7 @@ class ClientLevelDP(AggregationProtocol):
             noise = self.random.normal(result.weighted_sum.size, self.noise_multiplier * self.clip_norm)
             return _with_sum(result, result.weighted_sum + noise)
         length = int(clipped[0].vector.size) if clipped else 0
-        _, l2 = sensitivity(self.inner.bits, length)
+        _, l2 = self._sensitivity(length)
         total_variance = (self.noise_multiplier * l2) ** 2
         share = total_variance / self.inner.min_contributions(len(updates))
         self.inner.client_noise = SkellamShares(share, self.random)
