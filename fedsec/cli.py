@@ -78,8 +78,13 @@ def _sweep(args: argparse.Namespace) -> int:
         print("fedsec: error: --epsilons and --seeds take comma-separated numbers", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        # each run sets its own target; a placeholder lets a config without one validate
-        config = load_config(args.config, ["dp.target_epsilon=1", *args.overrides])
+        try:
+            config = load_config(args.config, args.overrides)
+        except ConfigError as error:
+            if error.key != "dp.target_epsilon":
+                raise
+            # each run sets its own target; a placeholder lets a config without one validate
+            config = load_config(args.config, ["dp.target_epsilon=1", *args.overrides])
         result = run_sweep(config, epsilons=epsilons, seeds=seeds, out=args.out,
                            progress=not args.quiet)
     except ConfigError as error:

@@ -75,3 +75,9 @@ def test_sweep_writes_csv_and_plot(tmp_path):
     assert all(float(r["epsilon"]) <= float(r["target_epsilon"]) for r in rows)
     assert float(rows[0]["noise_multiplier"]) > float(rows[1]["noise_multiplier"])
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_refuses_a_non_private_configuration(tmp_path, capsys):
+    assert main(["sweep", "--out", str(tmp_path / "s"), "--quiet", "--set", "dp.mode=none"]) == 2
+    assert "dp.mode: a sweep needs" in capsys.readouterr().err
+    assert main(["sweep", "--out", str(tmp_path / "s"), "--quiet", "--epsilons", "x"]) == 2
