@@ -110,32 +110,35 @@ class PerExampleClipper:
             losses = loss_fn(self.model(x), y)
         finally:
             self._capturing = False
-        if len({id(m) for m, _, _ in self._records}) != len(self._records) or any(
-                isinstance(m, nn.Linear) and a.dim() != 2 for m, a, _ in self._records):
-            return None
-        outputs = [out for _, _, out in self._records]
-        grads_out = torch.autograd.grad(losses.sum(), outputs)
-        factors, squared = [], torch.zeros(x.shape[0], dtype=losses.dtype, device=losses.device)
-        for (layer, a, _), d in zip(self._records, grads_out, strict=True):
+        records = self._records
+        if len(records) != len(self.layers) or any(
+                isinstance(m, nn.Linear) and a.dim() != 2 for m, a, _ in records):
+            return None  # a layer ran twice (tied weights) or saw a sequence
+        total = losses.sum()
+        grads_out = torch.autograd.grad(total, [out for _, _, out in records])
+        squared = None
+        factors = []
+        for (layer, a, _), d in zip(records, grads_out, strict=True):
             if isinstance(layer, nn.Linear):
-                squared += a.pow(2).sum(1) * d.pow(2).sum(1)
+                d_sq = (d * d).sum(1)
+                term = (a * a).sum(1) * d_sq
                 if layer.bias is not None:
-                    squared += d.pow(2).sum(1)
-                factors.append((layer, a, d))
+                    term = term + d_sq
             else:
                 cols = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
                 flat = d.flatten(2)
                 c_out, k, p = flat.shape[1], cols.shape[1], flat.shape[2]
                 if c_out * k <= p * p:
                     per = torch.bmm(flat, cols.transpose(1, 2))
-                    squared += torch.einsum("bck,bck->b", per, per)
+                    term = torch.einsum("bck,bck->b", per, per)
                 else:
-                    squared += torch.einsum("bpq,bpq->b", torch.bmm(cols.transpose(1, 2), cols),
-                                            torch.bmm(flat.transpose(1, 2), flat))
+                    term = torch.einsum("bpq,bpq->b", torch.bmm(cols.transpose(1, 2), cols),
+                                        torch.bmm(flat.transpose(1, 2), flat))
                 if layer.bias is not None:
-                    squared += flat.sum(2).pow(2).sum(1)
-                factors.append((layer, a, d))
-        scale = (self.max_grad_norm / (squared.sqrt() + 1e-12)).clamp(max=1.0)
+                    term = term + flat.sum(2).pow(2).sum(1)
+            squared = term if squared is None else squared + term
+            factors.append((layer, a, d))
+        scale = (self.max_grad_norm * torch.rsqrt(squared + 1e-24)).clamp_(max=1.0)
         grads: dict[int, torch.Tensor] = {}
         for layer, a, d in factors:
             if isinstance(layer, nn.Linear):
@@ -149,7 +152,7 @@ class PerExampleClipper:
                     a, layer.weight.shape, ds, stride=layer.stride, padding=layer.padding)
                 if layer.bias is not None:
                     grads[id(layer.bias)] = ds.sum((0, 2, 3))
-        return [grads[id(p)] for p in self.params], float(losses.detach().sum())
+        return [grads[id(p)] for p in self.params], float(total.detach())
 
     def _opacus(self, x, y, loss_fn):
         from opacus.grad_sample import GradSampleModule
