@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import fl_core
 from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
-from dp.ledger import Event, SkellamEvent
+from dp.ledger import Event, GaussianEvent, SkellamEvent
 from fedsec.config import ExperimentConfig
 from protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
 from protocols.privacy.trainer import FULL_BATCH
@@ -60,7 +60,7 @@ def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
         trainer = DPSGDTrainer(DPSGD(noise_multiplier=sigma, max_grad_norm=p.max_grad_norm,
                                      batch_size=t.batch_size or FULL_BATCH, epochs=t.local_epochs,
                                      lr=t.lr, random=_random(config, "dpsgd")))
-        profiles = [[_gaussian(sigma, q, s)] for q, s in zip(rates, steps, strict=True)]
+        profiles = [[GaussianEvent(sigma, q, s)] for q, s in zip(rates, steps, strict=True)]
         return PrivacySetup("example", sigma, _budget(config, profiles, sigma), trainer=trainer)
     sigma = p.noise_multiplier
     probe = ClientLevelDP(protocol, clip_norm=p.max_grad_norm, noise_multiplier=1.0,
@@ -79,12 +79,6 @@ def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
                             random=_random(config, "client"))
     return PrivacySetup("client", sigma, _budget(config, [wrapped.round_events(n_parameters)], sigma),
                         protocol=wrapped)
-
-
-def _gaussian(sigma: float, q: float, steps: int) -> Event:
-    from dp.ledger import GaussianEvent
-
-    return GaussianEvent(sigma, q, steps)
 
 
 def _repeat(event: Event, times: int) -> Event:
