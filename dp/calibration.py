@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dp.accountants import check_delta, check_target
+from dp.accountants import check_delta, check_target, epsilon
 from dp.errors import InvalidPrivacyParameterError
 
 MAX_NOISE = 1e6
@@ -44,8 +44,6 @@ def noise_multiplier_for(*, target_epsilon: float, delta: float, sample_rates: l
                          steps: list[int], mechanism: str = "pld") -> float:
     """The noise multiplier for which every party's epsilon (its own sampling rate and number
     of steps) stays <= ``target_epsilon`` at ``delta``."""
-    from dp.accountants import epsilon
-
     check_delta(delta)
     if not sample_rates or len(sample_rates) != len(steps):
         raise InvalidPrivacyParameterError("need one sampling rate and one step count per party")

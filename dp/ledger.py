@@ -71,7 +71,7 @@ class PrivacyLedger:
     def record(self, event: Event) -> None:
         last = self.events[-1] if self.events else None
         if last is not None and type(last) is type(event) and _same(last, event):
-            self.events[-1] = _with_steps(last, last.steps + event.steps)
+            self.events[-1] = with_steps(last, last.steps + event.steps)
         else:
             self.events.append(event)
 
@@ -103,7 +103,8 @@ def _same(a: Event, b: Event) -> bool:
     return da == db
 
 
-def _with_steps(event: Event, steps: int) -> Event:
+def with_steps(event: Event, steps: int) -> Event:
+    """``event`` with its step count replaced."""
     fields = asdict(event)
     fields["steps"] = steps
     return type(event)(**fields)

@@ -81,6 +81,7 @@ class PerExampleClipper:
         self.layers = _fast_layers(model)
         self.mode = "fast" if self.layers is not None else "opacus"
         self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+        self._capturing = False
         if self.layers is not None:
             for layer in self.layers:
                 layer.register_forward_hook(self._record)
@@ -88,8 +89,6 @@ class PerExampleClipper:
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if torch.is_grad_enabled() and self._capturing:
             self._records.append((module, inputs[0].detach(), output))
-
-    _capturing = False
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
                     ) -> tuple[list[torch.Tensor], float]:

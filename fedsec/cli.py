@@ -68,6 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_CONFIG
 
 
+def _failure(error: Exception, command: str) -> int:
+    """Report ``error`` on stderr in one line; a bad input exits 2, a failed run 1."""
+    if isinstance(error, FLError):
+        print(f"fedsec: {command} failed: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"fedsec: error: {error}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from fedsec.sweep import run_sweep
 
@@ -87,12 +96,8 @@ def _sweep(args: argparse.Namespace) -> int:
             config = load_config(args.config, ["dp.target_epsilon=1", *args.overrides])
         result = run_sweep(config, epsilons=epsilons, seeds=seeds, out=args.out,
                            progress=not args.quiet)
-    except ConfigError as error:
-        print(f"fedsec: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    except FLError as error:
-        print(f"fedsec: sweep failed: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    except (ConfigError, FLError) as error:
+        return _failure(error, "sweep")
     print(json.dumps(result))
     return 0
 
@@ -105,8 +110,7 @@ def _epsilon(args: argparse.Namespace) -> int:
         value = epsilon(noise_multiplier=args.sigma, sample_rate=args.q, steps=args.steps,
                         delta=args.delta, mechanism=args.accountant)
     except DPError as error:
-        print(f"fedsec: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _failure(error, "privacy epsilon")
     if args.json:
         print(json.dumps({"epsilon": value, "delta": args.delta, "accountant": args.accountant}))
     else:
@@ -121,12 +125,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         summary = run_experiment(config, out=args.out, progress=not args.quiet)
-    except ConfigError as error:
-        print(f"fedsec: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    except FLError as error:
-        print(f"fedsec: run failed: {error}", file=sys.stderr)
-        return EXIT_FAILED
+    except (ConfigError, FLError) as error:
+        return _failure(error, "run")
     stopped = summary.get("privacy", {}).get("stopped")
     if stopped:
         print(f"fedsec: {stopped}", file=sys.stderr)

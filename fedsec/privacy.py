@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import fl_core
 from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
-from dp.ledger import Event, GaussianEvent, SkellamEvent
+from dp.ledger import Event, GaussianEvent, with_steps
 from fedsec.config import ExperimentConfig
 from protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
 from protocols.privacy.trainer import FULL_BATCH
@@ -69,7 +69,8 @@ def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
         def epsilon_of(z: float) -> float:
             probe.noise_multiplier = z
             return Accountant(p.accountant).get_epsilon(
-                p.delta, events=[_repeat(e, config.rounds) for e in probe.round_events(n_parameters)])
+                p.delta, events=[with_steps(e, e.steps * config.rounds)
+                        for e in probe.round_events(n_parameters)])
 
         sigma = (noise_multiplier_for(target_epsilon=p.target_epsilon, delta=p.delta,
                                       sample_rates=[1.0], steps=[config.rounds],
@@ -79,12 +80,6 @@ def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
                             random=_random(config, "client"))
     return PrivacySetup("client", sigma, _budget(config, [wrapped.round_events(n_parameters)], sigma),
                         protocol=wrapped)
-
-
-def _repeat(event: Event, times: int) -> Event:
-    if isinstance(event, SkellamEvent):
-        return SkellamEvent(event.l1, event.l2, event.variance, event.steps * times)
-    return type(event)(event.noise_multiplier, event.sample_rate, event.steps * times)
 
 
 def _budget(config: ExperimentConfig, profiles: list[list[Event]], sigma: float) -> PrivacyBudget:

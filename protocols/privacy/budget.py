@@ -42,20 +42,20 @@ class PrivacyBudget(RoundObserver):
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         self.profiles = [tuple(p) for p in dict.fromkeys(tuple(p) for p in profiles)]
         self.accountants = [Accountant(accountant) for _ in self.profiles]
-        self.cross_checks = [Accountant("rdp") for _ in self.profiles]
+        self.cross_check = Accountant("rdp")  # reads the same ledgers
         self.delta, self.target, self.unit = delta, target_epsilon, unit
         self.noise_multiplier = noise_multiplier
         self.spent = 0.0
         self.stopped: str | None = None
 
-    def _worst(self, accountants: list[Accountant], extra: bool) -> tuple[float, int]:
+    def _worst(self, extra: bool = False) -> tuple[float, int]:
         values = [a.epsilon_after(self.delta, *p) if extra else a.get_epsilon(self.delta)
-                  for a, p in zip(accountants, self.profiles, strict=True)]
+                  for a, p in zip(self.accountants, self.profiles, strict=True)]
         index = max(range(len(values)), key=values.__getitem__)
         return values[index], index
 
     def epsilon_after_next_round(self) -> float:
-        return self._worst(self.accountants, True)[0]
+        return self._worst(extra=True)[0]
 
     def before_round(self, round_index: int) -> str | None:
         if self.target <= 0:
@@ -70,12 +70,12 @@ class PrivacyBudget(RoundObserver):
 
     def after_round(self, record: RoundRecord) -> None:
         if record.status == "ok":
-            for accountants in (self.accountants, self.cross_checks):
-                for a, profile in zip(accountants, self.profiles, strict=True):
-                    for event in profile:
-                        a.record(event)
-        self.spent, worst = self._worst(self.accountants, False)
-        rdp, _ = self._worst(self.cross_checks, False)
+            for a, profile in zip(self.accountants, self.profiles, strict=True):
+                for event in profile:
+                    a.record(event)
+        self.spent, worst = self._worst()
+        rdp = max(self.cross_check.get_epsilon(self.delta, events=a.ledger.events)
+                  for a in self.accountants)
         events = self.accountants[worst].ledger.events
         record.metrics.update({
             "privacy_unit": self.unit,
@@ -90,11 +90,8 @@ class PrivacyBudget(RoundObserver):
             record.metrics["budget_remaining"] = max(self.target - self.spent, 0.0)
 
     def state_dict(self) -> dict:
-        return {"accountants": [a.state_dict() for a in self.accountants],
-                "cross_checks": [a.state_dict() for a in self.cross_checks]}
+        return {"accountants": [a.state_dict() for a in self.accountants]}
 
     def load_state_dict(self, state: dict) -> None:
         for a, s in zip(self.accountants, state["accountants"], strict=True):
-            a.load_state_dict(s)
-        for a, s in zip(self.cross_checks, state["cross_checks"], strict=True):
             a.load_state_dict(s)

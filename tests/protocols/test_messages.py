@@ -28,7 +28,7 @@ def test_round_trip_and_strict_parsing(body):
     data = m.encode(dataclasses.replace(HEADER, kind=body.KIND), body)
     header, parsed = m.decode(data, expect=type(body), session=b"s" * 16, round_index=3)
     assert parsed == body and header.sender == 17
-    for broken in (data[:-1], data + b"\x00", b"XXXX" + data[4:]):
+    for broken in (data[:-1], data + b"\x00", b"NOPE" + data[4:]):
         with pytest.raises(MalformedMessage):
             m.decode(broken, expect=type(body))
     other = next(t for t in m.MESSAGE_TYPES.values() if t.KIND != body.KIND)

@@ -37,7 +37,7 @@ def test_key_sizes_and_encoding(keys):
         generate_keypair(1024)  # insecure sizes need an explicit opt-in
     with pytest.raises(InvalidArgumentError):
         generate_keypair(2000)
-    for bad in (b"", public.to_bytes()[:-1], b"XXXX" + public.to_bytes()[4:]):
+    for bad in (b"", public.to_bytes()[:-1], b"NOPE" + public.to_bytes()[4:]):
         with pytest.raises(InvalidArgumentError):
             PaillierPublicKey.from_bytes(bad)
     prime = int(gmpy2.next_prime(gmpy2.mpz(1) << 1023))
