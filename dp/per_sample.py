@@ -2,7 +2,7 @@
 norm of at most C, as DP-SGD needs it.
 
 Fast path (every trainable parameter in ``nn.Linear`` layers fed 2-D inputs or ``nn.Conv2d``
-layers, each layer used once per forward pass): one forward pass records each layer's input, one
+layers, each layer used once per forward pass, no parameter held by two modules): one forward pass records each layer's input, one
 backward pass asks autograd only for the gradients of the layers' outputs (no weight gradients),
 and the per-example norms come from those two factors:
 
@@ -13,8 +13,11 @@ and the per-example norms come from those two factors:
   sum((A_i^T A_i) * (D_i^T D_i)) otherwise.
 
 The clipped sum is then one matrix product per layer, sum_i c_i D_i A_i^T with
-c_i = min(1, C / ||g_i||). Any other model goes through Opacus' per-sample gradients
-(``GradSampleModule``, hooks mode), after Opacus' ``ModuleValidator`` has refused what DP-SGD
+c_i = min(1, C / ||g_i||). The closed forms hold for a parameter of one layer only: a parameter
+shared by two modules (tied embeddings, tied layers) has a per-example gradient that is the sum of
+both layers' terms, whose norm has cross terms, so such a model, like a layer run twice, takes the
+Opacus path, which accumulates each parameter's per-sample gradient over every module using it.
+Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode), after Opacus' ``ModuleValidator`` has refused what DP-SGD
 cannot train (batch normalisation and the like) with its own message.
 """
 
@@ -46,12 +49,15 @@ def check_model(model: nn.Module) -> None:
 
 def _fast_layers(model: nn.Module) -> list[nn.Module] | None:
     """The Linear/Conv2d layers holding every trainable parameter, or None if some other module
-    holds one (or a convolution is grouped, dilated or not zero-padded)."""
+    holds one, a parameter is held by two modules (tied weights), or a convolution is grouped,
+    dilated or not zero-padded."""
     layers, covered = [], set()
     for module in model.modules():
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if not own:
             continue
+        if any(id(p) in covered for p in own):
+            return None  # a tied parameter: its per-example gradient sums two layers' terms
         if isinstance(module, nn.Linear) or (
                 isinstance(module, nn.Conv2d) and module.groups == 1 and module.dilation == (1, 1)
                 and module.padding_mode == "zeros" and not isinstance(module.padding, str)):

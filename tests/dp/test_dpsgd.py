@@ -94,3 +94,58 @@ def test_noise_has_the_calibrated_scale():
         deltas.append(model.weight.detach().numpy().ravel().copy())
     std = np.std(np.concatenate(deltas)) * 400  # lr / expected batch = 1 / 400
     assert abs(std / (2.0 * 1.5) - 1) < 0.06
+
+
+class _TiedLayers(nn.Module):
+    """Two Linear layers sharing one weight matrix (a tied autoencoder-style stack)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.head = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.second.weight = self.first.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))))
+
+
+class _TiedEmbedding(nn.Module):
+    """A token model whose output layer reuses the input embedding (tied embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.out = nn.Embedding(7, 5), nn.Linear(5, 7)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.embed(tokens).mean(1)))
+
+
+@pytest.mark.parametrize("tied", [_TiedLayers, _TiedEmbedding])
+def test_tied_parameters_leave_the_fast_path_and_clip_exactly(tied):
+    torch.manual_seed(1)
+    model = tied()
+    if tied is _TiedLayers:
+        x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    else:
+        x, y = torch.randint(0, 7, (10, 4)), torch.randint(0, 7, (10,))
+    clipper = PerExampleClipper(model, max_grad_norm=0.2)
+    assert clipper.mode == "opacus"
+    grads, _ = clipper.clipped_sum(x, y, _loss)
+    want = _naive(model, x, y, 0.2)
+    assert len(grads) == len(want) == len(list(model.parameters()))
+    for got, expected in zip(grads, want, strict=True):
+        assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_the_fast_path_would_get_tied_weights_wrong():
+    """The control: the fast path's per-layer formula differs from the naive sum on a tied model,
+    so the test above can fail."""
+    torch.manual_seed(1)
+    model, x, y = _TiedLayers(), torch.randn(10, 6), torch.randint(0, 3, (10,))
+    clipper = PerExampleClipper(model, max_grad_norm=0.2)
+    clipper.layers = [model.first, model.second, model.head]
+    for layer in clipper.layers:
+        layer.register_forward_hook(clipper._record)
+    fast, _ = clipper._fast(x, y, _loss)
+    want = _naive(model, x, y, 0.2)
+    assert not torch.allclose(fast[0], want[0], atol=1e-4)
