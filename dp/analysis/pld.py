@@ -1,12 +1,19 @@
 """Privacy loss distributions (dp-accounting's PLD accountant, Doroshenko et al. 2022).
 
-Pessimistic estimates (the default of dp-accounting), so the epsilon is an upper bound; a value
-discretisation of 1e-3 keeps it within about 0.004 above the exact value at 10^4 steps, at an
-eighth of the time of 1e-4 (which every round's budget check pays).
+Pessimistic estimates (the default of dp-accounting), so every value is an upper bound on the
+exact epsilon. The value discretisation is chosen from the regime: starting at 1e-2, it is
+refined by a factor of sqrt(10) until two successive epsilons agree within 0.001 (``AGREEMENT``),
+and the finer of the two is reported. The error of a pessimistic PLD shrinks about in proportion
+to the discretisation, so when two successive values differ by at most 0.001 the finer one is
+within about 0.001 / (sqrt(10) - 1) < 0.0005 of the exact value. A fixed 1e-3 was 0.013 too high
+at q = 0.01, sigma = 4, 10,000 steps (0.960 against 0.947), and needlessly fine where the
+distribution is smooth. Refinement stops at ``FINEST`` (1e-5) and reports that value, still an
+upper bound, if the values never agreed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import dp_accounting
@@ -15,17 +22,38 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp.errors import UnsupportedEventError
 from dp.ledger import Event, GaussianEvent
 
-VALUE_DISCRETIZATION = 1e-3
+COARSEST = 1e-2
+FINEST = 1e-5
+AGREEMENT = 1e-3
+"""Two successive epsilons closer than this end the refinement."""
 
 
-def epsilon(events: Sequence[Event], delta: float) -> float:
-    accountant = pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=VALUE_DISCRETIZATION)
+def discretisations() -> list[float]:
+    """The value discretisations tried, coarse to fine: 1e-2, 10^-2.5, ..., 1e-5."""
+    count = round(2 * math.log10(COARSEST / FINEST)) + 1
+    return [COARSEST * 10 ** (-k / 2) for k in range(count)]
+
+
+def epsilon_at(events: Sequence[Event], delta: float, discretisation: float) -> float:
+    """Pessimistic PLD epsilon of ``events`` at ``delta`` for one value discretisation."""
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretisation)
     for event in events:
         if not isinstance(event, GaussianEvent):
             raise UnsupportedEventError("the PLD accountant covers the subsampled Gaussian only")
         accountant.compose(to_dp_event(event))
     return float(accountant.get_epsilon(delta))
+
+
+def epsilon(events: Sequence[Event], delta: float) -> float:
+    """Epsilon at ``delta``, refined until two successive discretisations agree (module docstring)."""
+    previous = math.inf
+    value = math.inf
+    for discretisation in discretisations():
+        value = epsilon_at(events, delta, discretisation)
+        if abs(previous - value) <= AGREEMENT:
+            break
+        previous = value
+    return value
 
 
 def to_dp_event(event: GaussianEvent) -> dp_accounting.DpEvent:
