@@ -9,9 +9,12 @@ anyway), and the average divides by the number of contributions, which is public
   from :class:`dp.SecureRandom`; each round is a Gaussian mechanism with noise multiplier z.
 - Distributed (masking or Paillier): the server must never see a clean sum, so each client adds
   integer noise to its encoded words before masking or encryption: a symmetric Skellam share of
-  variance mu / t, where t is the fewest contributions the protocol ever releases (its
-  threshold), so every released sum carries Skellam noise of variance >= mu (sums of independent
-  Skellams are Skellam). In the encoder's integer units (coordinate clip c >= S, L = 2^bits - 1
+  variance mu / t, where t is the fewest contributions the protocol releases for the updates it
+  ACCEPTS (its threshold for that many): updates the protocol would reject are set aside first,
+  so t is the threshold of the round actually run, and dropouts after that leave at least t in
+  any released sum. Every released sum thus carries Skellam noise of variance >= mu (sums of
+  independent Skellams are Skellam); a result holding fewer than t contributions is refused
+  (``ProtocolAbort``), never released, so the bound holds by construction. In the encoder's integer units (coordinate clip c >= S, L = 2^bits - 1
   levels) one client moves the sum by at most D2 = (L / 2)(S / c) + sqrt(d) in L2 (the scaled
   update plus at most one unit of stochastic rounding per coordinate) and
   D1 = min(sqrt(d) D2, D2^2) in L1, and mu = (z D2)^2; each round is accounted as a Skellam
@@ -38,6 +41,7 @@ from fl_core.aggregation import (
     Purpose,
 )
 from fl_core.errors import InvalidParameterError
+from protocols.encoding import validate_updates
 from protocols.errors import ProtocolAbort
 
 SHIFT_STDS = 20
@@ -89,7 +93,7 @@ class ClientLevelDP(AggregationProtocol):
         self.random = random
         self.central = isinstance(inner, PlainAggregation)
         if not self.central:
-            if not hasattr(inner, "client_noise") or not hasattr(inner, "min_contributions"):
+            if not all(hasattr(inner, a) for a in ("client_noise", "min_contributions", "max_weight")):
                 raise InvalidParameterError(f"{type(inner).__name__} cannot carry client noise")
             if getattr(inner, "clip", clip_norm) < clip_norm:
                 raise InvalidParameterError("the protocol's coordinate clip is below the L2 clip")
@@ -114,15 +118,26 @@ class ClientLevelDP(AggregationProtocol):
             result = self.inner.aggregate(round_index, clipped)
             noise = self.random.normal(result.weighted_sum.size, self.noise_multiplier * self.clip_norm)
             return _with_sum(result, result.weighted_sum + noise)
-        length = int(clipped[0].vector.size) if clipped else 0
-        _, l2 = self._sensitivity(length)
+        accepted, rejected = validate_updates(clipped, self.inner.max_weight)
+        if not accepted:
+            raise ProtocolAbort("no valid client update to sum")
+        _, l2 = self._sensitivity(int(accepted[0].vector.size))
         total_variance = (self.noise_multiplier * l2) ** 2
-        share = total_variance / self.inner.min_contributions(len(updates))
-        self.inner.client_noise = SkellamShares(share, self.random)
+        fewest = self.inner.min_contributions(len(accepted))
+        self.inner.client_noise = SkellamShares(total_variance / fewest, self.random)
         try:
-            return self.inner.aggregate(round_index, clipped)
+            result = self.inner.aggregate(round_index, accepted)
         finally:
             self.inner.client_noise = None
+        if len(result.participants) < fewest:
+            raise ProtocolAbort(f"a sum of {len(result.participants)} contributions would carry "
+                                f"less than the accounted noise (needs >= {fewest})")
+        metrics = dict(result.metrics)
+        metrics["rejected"] = metrics.get("rejected", 0.0) + len(rejected)
+        return AggregateResult(weighted_sum=result.weighted_sum, total_weight=result.total_weight,
+                               participants=result.participants,
+                               dropped=tuple(result.dropped) + tuple(rejected),
+                               upload_bytes=result.upload_bytes, metrics=metrics)
 
 
 def _clip(vector: np.ndarray, bound: float) -> np.ndarray:

@@ -11,6 +11,7 @@ from dp import SecureRandom
 from dp.ledger import GaussianEvent, SkellamEvent
 from fl_core.aggregation import ClientUpdate, PlainAggregation
 from fl_core.history import RoundRecord
+from protocols.errors import ProtocolAbort
 from protocols.masked import MaskedAggregation
 from protocols.paillier import PaillierAggregation
 from protocols.privacy import ClientLevelDP, PrivacyBudget
@@ -100,3 +101,52 @@ def test_budget_stops_before_the_round_that_would_overshoot():
     assert reported[2] == reported[1]  # an aborted round released nothing and cost nothing
     assert budget.epsilon_after_next_round() > 2.0
     assert math.isclose(record.metrics["budget_remaining"], 2.0 - reported[-1])
+
+
+def test_client_level_noise_counts_accepted_updates_not_submitted_ones():
+    """Rejected clients plus dropouts: 12 submitted, 4 of them malformed (the protocol rejects
+    them), 30% dropout among the rest. The noise share is set by the threshold for the 8
+    accepted updates (t = 4), not for the 12 submitted (t = 6, which would leave a sum of 4
+    survivors with 4/6 of the target variance)."""
+    rng = np.random.default_rng(3)
+    inner = MaskedAggregation(max_weight=1, rng=rng, clip=1.0, bits=16, dropout=0.3)
+    assert inner.min_contributions(12) > inner.min_contributions(8)  # the case that mattered
+    z, length = 0.8, 2000
+    dp = ClientLevelDP(inner, clip_norm=1.0, noise_multiplier=z, random=SecureRandom())
+    honest = _updates(8, length, seed=1)
+    bad = [ClientUpdate(100 + c, np.full(length, np.nan, np.float32), 1.0) for c in range(2)]
+    bad += [ClientUpdate(200 + c, np.full(length, np.inf, np.float32), 1.0) for c in range(2)]
+    updates = honest + bad
+    _, l2 = sensitivity(16, length)
+    target_std = z * l2 * 2.0 / (2 ** 16 - 1)
+    ratios, released = [], 0
+    for round_index in range(10):
+        try:
+            result = dp.aggregate(round_index, updates)
+        except ProtocolAbort:
+            continue
+        released += 1
+        assert set(range(100, 102)) | set(range(200, 202)) <= set(result.dropped)
+        assert result.metrics["rejected"] >= 4
+        assert len(result.participants) >= inner.min_contributions(8)
+        noise = result.weighted_sum - _clipped_sum(updates, result.participants, 1.0)
+        ratio = noise.std() / target_std
+        # each survivor's share is 1/t of the target variance, t the threshold for 8 accepted
+        assert ratio == pytest.approx(math.sqrt(len(result.participants) / inner.min_contributions(8)),
+                                      rel=0.06)
+        ratios.append(ratio)
+    assert released >= 3 and min(ratios) > 0.95
+
+
+class _OverstatedThreshold(MaskedAggregation):
+    """A protocol whose stated threshold is above the sums it releases (a misconfiguration)."""
+
+    def min_contributions(self, n):
+        return n + 1
+
+
+def test_a_sum_with_fewer_contributions_than_the_noise_assumes_is_refused():
+    inner = _OverstatedThreshold(max_weight=1, rng=np.random.default_rng(0), clip=1.0, bits=16)
+    dp = ClientLevelDP(inner, clip_norm=1.0, noise_multiplier=0.8, random=SecureRandom())
+    with pytest.raises(ProtocolAbort, match="less than the accounted noise"):
+        dp.aggregate(1, _updates(5, 50))
