@@ -4,7 +4,12 @@ Each step samples every example independently with probability q = batch_size / 
 sampling, which the accountants assume), clips each sampled example's gradient to L2 norm C,
 adds Gaussian noise of standard deviation sigma C to the sum (from :class:`~dp.noise.SecureRandom`)
 and divides by the expected batch size q n, as Opacus does. An epoch is round(1 / q) steps; a
-step whose sample is empty still adds the noise. The result names the sampling rate and the
+step whose sample is empty still adds the noise.
+
+With a fixed ``sample_rate`` q instead, q, the number of steps and the divisor (``batch_size``,
+a public constant) do not depend on n, so neither the output's distribution beyond the clipped
+sums nor the accounting gives n away: adding or removing one record is then exactly the
+neighbouring relation the subsampled-Gaussian accountant covers, at rate q. The result names the sampling rate and the
 number of steps, which is what an accountant records.
 """
 
@@ -42,10 +47,13 @@ class DPSGD:
         epochs: passes over the data, >= 1.
         lr: learning rate, > 0.
         random: the noise and sampling source (default: a fresh :class:`SecureRandom`).
+        sample_rate: None (q = min(1, B / n), divisor q n) or a fixed q in (0, 1] for every n
+            (divisor B; the steps per epoch round(1 / q)).
     """
 
     def __init__(self, *, noise_multiplier: float, max_grad_norm: float, batch_size: int,
-                 epochs: int = 1, lr: float = 0.1, random: SecureRandom | None = None) -> None:
+                 epochs: int = 1, lr: float = 0.1, random: SecureRandom | None = None,
+                 sample_rate: float | None = None) -> None:
         if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
             raise InvalidPrivacyParameterError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
@@ -53,13 +61,17 @@ class DPSGD:
         if batch_size < 1 or epochs < 1 or not lr > 0:
             raise InvalidPrivacyParameterError(
                 f"batch_size and epochs must be >= 1 and lr > 0, got {batch_size}, {epochs}, {lr}")
+        if sample_rate is not None and not (math.isfinite(sample_rate) and 0 < sample_rate <= 1):
+            raise InvalidPrivacyParameterError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        self.fixed_rate = None if sample_rate is None else float(sample_rate)
         self.noise_multiplier, self.max_grad_norm = float(noise_multiplier), float(max_grad_norm)
         self.batch_size, self.epochs, self.lr = batch_size, epochs, lr
         self.random = random or SecureRandom()
         self._clippers: dict[int, PerExampleClipper] = {}
 
     def sample_rate(self, n: int) -> float:
-        return min(1.0, self.batch_size / n)
+        """q for a party of n examples: the fixed rate, or min(1, B / n)."""
+        return self.fixed_rate if self.fixed_rate is not None else min(1.0, self.batch_size / n)
 
     def steps(self, n: int) -> int:
         """Noisy steps one call makes on n examples."""
@@ -81,7 +93,7 @@ class DPSGD:
         clipper = self.clipper(model)
         model.train()
         q = self.sample_rate(n)
-        expected = q * n
+        expected = float(self.batch_size) if self.fixed_rate is not None else q * n
         std = self.noise_multiplier * self.max_grad_norm
         sizes = [p.numel() for p in clipper.params]
         total_loss, seen = 0.0, 0

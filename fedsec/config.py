@@ -101,6 +101,12 @@ class DPConfig:
     accountant: str = _opt("pld", "one of pld, prv, rdp", choices=("pld", "prv", "rdp"))
     reproducible: bool = _opt(False, "true or false (noise from the seed: experiments only, "
                                      "not private against whoever knows the seed)")
+    weights: str = _opt("samples", "one of samples (FedAvg weight n_k: sizes public), equal "
+                                   "(weight 1: sizes covered; needs dp.sample_rate)",
+                        choices=("samples", "equal"))
+    sample_rate: float = _opt(0.0, "a number in [0, 1] (DP-SGD sampling rate; 0 = B / n_k per "
+                                   "client; > 0 = the same rate for every client)",
+                              lambda v: 0 <= v <= 1)
 
 
 @dataclass(frozen=True)
@@ -310,7 +316,7 @@ def _check_privacy(config: ExperimentConfig) -> None:
     if dp.mode == "none":
         defaults = DPConfig()
         for key in ("noise_multiplier", "target_epsilon", "max_grad_norm", "accountant",
-                    "reproducible", "delta"):
+                    "reproducible", "delta", "weights", "sample_rate"):
             if getattr(dp, key) != getattr(defaults, key):
                 raise ConfigError(f"dp.{key}", "needs dp.mode = 'dpsgd' or 'client'")
         return
@@ -319,6 +325,15 @@ def _check_privacy(config: ExperimentConfig) -> None:
                                                "it over `rounds`) or dp.noise_multiplier, or both")
     if dp.mode == "dpsgd" and train.algorithm != "fedavg":
         raise ConfigError("train.algorithm", "DP-SGD trains locally: needs 'fedavg'")
+    if dp.sample_rate > 0 and dp.mode != "dpsgd":
+        raise ConfigError("dp.sample_rate", "needs dp.mode = 'dpsgd' (client-level DP samples no "
+                                            "records)")
+    if dp.sample_rate > 0 and train.batch_size == 0:
+        raise ConfigError("train.batch_size", "a fixed dp.sample_rate needs train.batch_size >= 1 "
+                                              "(the expected batch size every step divides by)")
+    if dp.mode == "dpsgd" and dp.weights == "equal" and dp.sample_rate == 0:
+        raise ConfigError("dp.sample_rate", "dp.weights = 'equal' needs a fixed rate in (0, 1]: "
+                                            "B / n_k would give every client's size away")
     if dp.mode == "client":
         from fl_core.server import clients_per_round
 

@@ -76,7 +76,8 @@ def build_experiment(
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
     if t.algorithm == "fedavg":
-        strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer)
+        weighting = privacy.weighting if privacy is not None and privacy.unit == "example" else "samples"
+        strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer, weighting=weighting)
     else:
         strategy = fl_core.FedSGD(lr=t.lr)
     history = HistoryRecorder()
@@ -160,6 +161,8 @@ def summarize(
             "target_epsilon": config.dp.target_epsilon or None,
             "budget_remaining": last.get("budget_remaining"),
             "stopped": budget.stopped,
+            "unit_definition": privacy.unit_definition,
+            "withheld": privacy.withheld,
             "not_covered": privacy.not_covered,
             "ledger": budget.state_dict(),
         }}

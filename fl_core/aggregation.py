@@ -71,6 +71,11 @@ class AggregationProtocol(ABC):
     """
 
     name: str = "abstract"
+    client_metrics: frozenset[str] = frozenset({"train_loss"})
+    """What a client may report beside its update, outside the protocol: the names of the
+    metrics the server collects (today ``train_loss``, the mean local training loss). A protocol
+    that must cover everything a client sends with its own mechanism declares none, and the
+    server then neither collects nor records them."""
 
     @abstractmethod
     def aggregate(

@@ -26,20 +26,23 @@ class LocalResult:
 
     Attributes:
         vector: the float32 update it contributes (a delta or a gradient).
-        n_samples: n_k, its number of training samples (the FedAvg weight).
-        loss: its mean training loss this round.
+        weight: its weight in the average: n_k, its number of training samples, or 1 when the
+            strategy weights clients equally.
+        loss: its mean training loss this round, or None when its trainer does not release one.
     """
 
     vector: np.ndarray
-    n_samples: int
-    loss: float
+    weight: float
+    loss: float | None
 
 
 class LocalTrainer(ABC):
-    """Trains ``model`` in place on one client's data and returns the mean training loss."""
+    """Trains ``model`` in place on one client's data and returns the mean training loss, or None
+    when the trainer does not release it (the client then reports no loss)."""
 
     @abstractmethod
-    def train(self, model: nn.Module, data: ArrayDataset, *, rng: np.random.Generator) -> float:
+    def train(self, model: nn.Module, data: ArrayDataset, *, rng: np.random.Generator
+              ) -> float | None:
         """Run local training; all shuffling draws from ``rng``."""
 
 
@@ -119,14 +122,20 @@ class FedAvg(Strategy):
     Args:
         trainer: the local trainer (E epochs of SGD, or DP-SGD from a privacy layer).
         server_lr: step applied to the averaged delta, > 0 (1 = plain model averaging).
+        weighting: ``samples`` (weight n_k, McMahan et al.) or ``equal`` (weight 1 for every
+            client, so nothing the client sends depends on its size).
     """
 
     name = "fedavg"
+    WEIGHTINGS = ("samples", "equal")
 
-    def __init__(self, *, trainer: LocalTrainer, server_lr: float = 1.0) -> None:
+    def __init__(self, *, trainer: LocalTrainer, server_lr: float = 1.0,
+                 weighting: str = "samples") -> None:
         if not server_lr > 0:
             raise InvalidParameterError(f"server_lr must be > 0, got {server_lr}")
-        self.trainer, self.server_lr = trainer, server_lr
+        if weighting not in self.WEIGHTINGS:
+            raise InvalidParameterError(f"weighting must be one of {self.WEIGHTINGS}, got {weighting!r}")
+        self.trainer, self.server_lr, self.weighting = trainer, server_lr, weighting
 
     def client_update(
         self,
@@ -139,7 +148,7 @@ class FedAvg(Strategy):
         set_vector(model, global_vector)
         loss = self.trainer.train(model, data, rng=rng)
         delta = _finite(get_vector(model) - global_vector, "local model")
-        return LocalResult(delta, len(data), loss)
+        return LocalResult(delta, 1.0 if self.weighting == "equal" else float(len(data)), loss)
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
         return (global_vector + np.float32(self.server_lr) * average).astype(np.float32)
@@ -174,7 +183,7 @@ class FedSGD(Strategy):
         loss.backward()
         grads = [p.grad.reshape(-1) for p in model.parameters()]
         gradient = torch.cat(grads).detach().numpy().astype(np.float32)
-        return LocalResult(_finite(gradient, "local gradient"), len(data), loss.item())
+        return LocalResult(_finite(gradient, "local gradient"), float(len(data)), loss.item())
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
         return (global_vector - np.float32(self.lr) * average).astype(np.float32)

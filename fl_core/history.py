@@ -31,7 +31,8 @@ class RoundRecord:
     Attributes:
         round: 1-based round number.
         accuracy, loss: the global model's test accuracy in [0, 1] and mean test loss after it.
-        train_loss: mean of the participants' local training losses (NaN if none).
+        train_loss: mean of the local training losses the clients reported (NaN, a blank in
+            ``history.csv``, when none did: a private run's clients report none).
         participants: clients whose updates are in the sum.
         dropped: sampled clients not in the sum (dropped out, failed, or rejected).
         upload_bytes: bytes sent by clients to the server this round.

@@ -132,6 +132,7 @@ class FederatedServer:
         selected = np.sort(self.rng.choice(self.data.n_clients, size=m, replace=False))
         seeds = self.rng.integers(0, 2**63 - 1, size=m)
         updates, losses, failed = [], [], 0
+        report_loss = "train_loss" in self.protocol.client_metrics
         for client_id, seed in zip(selected.tolist(), seeds.tolist()):
             try:
                 local = self.strategy.client_update(
@@ -140,8 +141,9 @@ class FederatedServer:
             except NonFiniteError:
                 failed += 1
                 continue
-            updates.append(ClientUpdate(client_id, local.vector, float(local.n_samples)))
-            losses.append(local.loss)
+            updates.append(ClientUpdate(client_id, local.vector, float(local.weight)))
+            if report_loss and local.loss is not None:
+                losses.append(local.loss)
         status, participants, upload, norm = "ok", 0, 0, 0.0
         metrics: dict[str, float] = {"failed_clients": float(failed)}
         try:

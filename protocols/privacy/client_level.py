@@ -81,7 +81,12 @@ class ClientLevelDP(AggregationProtocol):
         clip_norm: S > 0; the inner protocol's coordinate clip must be at least S.
         noise_multiplier: z > 0 (noise std / sensitivity).
         random: the noise source.
+
+    Clients report no training metric (``client_metrics`` is empty): under client-level DP the
+    released noisy sum is all that depends on a client's data.
     """
+
+    client_metrics: frozenset[str] = frozenset()
 
     def __init__(self, inner: AggregationProtocol, *, clip_norm: float, noise_multiplier: float,
                  random: SecureRandom) -> None:

@@ -24,6 +24,10 @@ class DPSGDTrainer(LocalTrainer):
 
     The noise and the Poisson sampling come from the optimiser's SecureRandom, not from ``rng``.
     ``profile(n)`` tells the accountant what one round on n examples costs.
+
+    The training loss is withheld (``train`` returns None): it is a function of the client's
+    records that no mechanism in the ledger covers (one canary example moves it far more than
+    epsilon allows), so a DP-SGD client sends nothing but its noisy update and its weight.
     """
 
     def __init__(self, optimizer: DPSGD) -> None:
@@ -33,7 +37,7 @@ class DPSGDTrainer(LocalTrainer):
         """(sampling rate, noisy steps) of one round on ``n`` examples."""
         return self.optimizer.sample_rate(n), self.optimizer.steps(n)
 
-    def train(self, model: nn.Module, data: ArrayDataset, *, rng: np.random.Generator) -> float:
-        result = self.optimizer.train(model, torch.from_numpy(data.x), torch.from_numpy(data.y),
-                                      per_example_loss)
-        return result.loss
+    def train(self, model: nn.Module, data: ArrayDataset, *, rng: np.random.Generator) -> None:
+        self.optimizer.train(model, torch.from_numpy(data.x), torch.from_numpy(data.y),
+                             per_example_loss)
+        return None
