@@ -76,7 +76,7 @@ def build_experiment(
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
     if t.algorithm == "fedavg":
-        weighting = privacy.weighting if privacy is not None and privacy.unit == "example" else "samples"
+        weighting = privacy.weighting if privacy is not None else "samples"
         strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer, weighting=weighting)
     else:
         strategy = fl_core.FedSGD(lr=t.lr)

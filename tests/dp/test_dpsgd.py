@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from dp import DPSGD, SecureRandom, UnsupportedModelError
+from dp import DPSGD, InvalidPrivacyParameterError, SecureRandom, UnsupportedModelError
 from dp.per_sample import PerExampleClipper
 from fl_core.models import SmallCNN, build_model, classification_loss
 
@@ -149,3 +151,26 @@ def test_the_fast_path_would_get_tied_weights_wrong():
     fast, _ = clipper._fast(x, y, _loss)
     want = _naive(model, x, y, 0.2)
     assert not torch.allclose(fast[0], want[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [20, 400])
+def test_a_fixed_sample_rate_makes_steps_and_noise_independent_of_the_size(n):
+    """With sample_rate q fixed, the steps are round(1 / q) per epoch and the divisor is the
+    constant B, so a model whose loss has no gradient moves by noise of std
+    lr sigma C sqrt(steps) / B, whatever n."""
+    model = nn.Linear(500, 4)
+    start = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    opt = DPSGD(noise_multiplier=2.0, max_grad_norm=0.5, batch_size=8, lr=0.1, sample_rate=0.05,
+                random=SecureRandom())
+    assert opt.steps(n) == 20 and opt.sample_rate(n) == 0.05
+    result = opt.train(model, torch.randn(n, 500), torch.zeros(n, dtype=torch.long),
+                       lambda out, y: 0.0 * out.sum(1))
+    assert result.steps == 20 and result.sample_rate == 0.05
+    moved = torch.cat([p.detach().flatten() for p in model.parameters()]) - start
+    expected = 0.1 * 2.0 * 0.5 * math.sqrt(20) / 8
+    assert float(moved.std()) == pytest.approx(expected, rel=0.1)
+
+
+def test_a_sample_rate_outside_0_1_is_refused():
+    with pytest.raises(InvalidPrivacyParameterError, match="sample_rate"):
+        DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=8, sample_rate=1.5)
