@@ -22,6 +22,14 @@ from dp.ledger import Event
 from fl_core.history import RoundObserver, RoundRecord
 
 UNITS = ("example", "client")
+"""What one epsilon protects, i.e. how neighbouring runs differ:
+
+- ``example``: one record of one client added or removed. The accounting takes each client's
+  size n_k as public (its sampling rate B / n_k and its steps per round are in its profile)
+  unless every client runs with one fixed sampling rate, a constant number of steps and weight 1,
+  when sizes enter nothing but the mechanism (docs/privacy.md, section 1).
+- ``client``: one client's whole update replaced by zero; who takes part is public.
+"""
 
 
 class PrivacyBudget(RoundObserver):
@@ -32,7 +40,8 @@ class PrivacyBudget(RoundObserver):
         delta: the delta epsilon is reported at, in (0, 1).
         target_epsilon: the budget (0 = report only, never stop).
         accountant: ``pld``, ``prv`` or ``rdp``.
-        unit: what one epsilon protects: ``example`` (one record of one client) or ``client``.
+        unit: what one epsilon protects: ``example`` (one record of one client added or removed)
+            or ``client`` (one client's update replaced by zero); see ``UNITS``.
         noise_multiplier: the noise multiplier reported with every round.
     """
 
