@@ -9,8 +9,9 @@ step whose sample is empty still adds the noise.
 With a fixed ``sample_rate`` q instead, q, the number of steps and the divisor (``batch_size``,
 a public constant) do not depend on n, so neither the output's distribution beyond the clipped
 sums nor the accounting gives n away: adding or removing one record is then exactly the
-neighbouring relation the subsampled-Gaussian accountant covers, at rate q. The result names the sampling rate and the
-number of steps, which is what an accountant records.
+neighbouring relation the subsampled-Gaussian accountant covers, at rate q.
+
+The result names the sampling rate and the number of steps, which is what an accountant records.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 norm of at most C, as DP-SGD needs it.
 
 Fast path (every trainable parameter in ``nn.Linear`` layers fed 2-D inputs or ``nn.Conv2d``
-layers, each layer used once per forward pass, no parameter held by two modules): one forward pass records each layer's input, one
-backward pass asks autograd only for the gradients of the layers' outputs (no weight gradients),
-and the per-example norms come from those two factors:
+layers, each layer used once per forward pass, no parameter held by two modules): one forward
+pass records each layer's input, one backward pass asks autograd only for the gradients of the
+layers' outputs (no weight gradients), and the per-example norms come from those two factors:
 
 - Linear: ||g_i||^2 = ||a_i||^2 ||d_i||^2 + ||d_i||^2 (weight and bias), a closed form, so a
   logistic regression costs about one plain step;
@@ -17,8 +17,9 @@ c_i = min(1, C / ||g_i||). The closed forms hold for a parameter of one layer on
 shared by two modules (tied embeddings, tied layers) has a per-example gradient that is the sum of
 both layers' terms, whose norm has cross terms, so such a model, like a layer run twice, takes the
 Opacus path, which accumulates each parameter's per-sample gradient over every module using it.
-Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode), after Opacus' ``ModuleValidator`` has refused what DP-SGD
-cannot train (batch normalisation and the like) with its own message.
+Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode),
+after Opacus' ``ModuleValidator`` has refused what DP-SGD cannot train (batch normalisation and
+the like) with its own message.
 """
 
 from __future__ import annotations
