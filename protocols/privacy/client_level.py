@@ -15,13 +15,13 @@ anyway), and the average divides by the number of contributions, which is public
   any released sum. Every released sum thus carries Skellam noise of variance >= mu (sums of
   independent Skellams are Skellam); a result holding fewer than t contributions is refused
   (``ProtocolAbort``), never released, so the bound holds by construction. In the encoder's
-  integer units (coordinate clip c >= S, L = 2^bits - 1 levels) one client moves the sum by
-  at most D2 = (L / 2)(S / c) + sqrt(d) in L2 (the scaled update plus at most one unit of
-  stochastic rounding per coordinate) and D1 = min(sqrt(d) D2, D2^2) in L1, and
-  mu = (z D2)^2; each round is accounted as a Skellam mechanism (Agarwal et al. 2021). Shares
-  are shifted by 20 standard deviations so that they are non-negative words, the protocol's modulus or slots are widened by that room, and the
-  shifts are subtracted after the sum (a share outside the room, probability below 1e-80, is
-  refused rather than wrapped).
+  integer units (coordinate clip c >= S, L = 2^bits - 1 levels) one client moves the sum by at
+  most D2 = (L / 2)(S / c) + sqrt(d) in L2 (the scaled update plus at most one unit of
+  stochastic rounding per coordinate) and D1 = min(sqrt(d) D2, D2^2) in L1, and mu = (z D2)^2;
+  each round is accounted as a Skellam mechanism (Agarwal et al. 2021). Shares are shifted by 20
+  standard deviations so that they are non-negative words, the protocol's modulus or slots are
+  widened by that room, and the shifts are subtracted after the sum (a share outside the room,
+  probability below 1e-80, is refused rather than wrapped).
 """
 
 from __future__ import annotations
