@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fl_core
 from fedsec.config import make_config
@@ -56,14 +58,17 @@ def _canary(data: fl_core.FederatedDataset, client: int, kind: str) -> fl_core.F
     return dataclasses.replace(data, clients=tuple(clients))
 
 
-def _server_view(settings: dict, kind: str | None, client: int = 0):
+def _server_view(settings: dict, kind, client: int = 0):
     """What the server receives in a short run: updates' ids and weights, and every record field
-    that is not post-processing of the released model."""
+    that is not post-processing of the released model. ``kind`` names a canary of
+    :func:`_canary` or is a function that changes the data set."""
     private = {"dp.reproducible": True} if settings.get("dp.mode") != "none" else {}
     experiment = build_experiment(make_config({"rounds": 2, "data.standardize": False,
                                                "train.lr": 1e-3, **private, **settings}))
     server = experiment.server
-    if kind is not None:
+    if callable(kind):
+        server.data = kind(server.data)
+    elif kind is not None:
         server.data = _canary(server.data, client, kind)
     recorder = Recorder(server.protocol)
     server.protocol = recorder
@@ -175,3 +180,30 @@ def test_weighting_configuration_errors_name_the_key(values, key):
     with pytest.raises(ConfigError) as error:
         make_config(values)
     assert error.value.key == key
+
+
+_BASELINE: dict[str, tuple] = {}
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(client=st.integers(0, 3), index=st.integers(0, 50), scale=st.floats(-60, 60),
+       label=st.integers(0, 1), seed=st.integers(0, 2**16))
+def test_searched_canaries_change_nothing_the_server_receives_but_the_update(
+        client, index, scale, label, seed):
+    """A searching adversary: random records (features of random direction and size, either
+    label) planted at a random client under DP-SGD with plain aggregation."""
+    if "dpsgd" not in _BASELINE:
+        _BASELINE["dpsgd"] = _server_view(PRIVATE[0], None)
+    before = _BASELINE["dpsgd"]
+
+    def plant(data):
+        own = data.clients[client]
+        x, y = own.x.copy(), own.y.copy()
+        x[index] = scale * np.random.default_rng(seed).standard_normal(x.shape[1])
+        y[index] = label
+        clients = list(data.clients)
+        clients[client] = fl_core.ArrayDataset(x, y)
+        return dataclasses.replace(data, clients=tuple(clients))
+
+    after = _server_view(PRIVATE[0], plant)
+    assert len(after[1]) == 2 and before[0] == after[0] and before[1] == after[1]

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dp import SecureRandom
 from dp.ledger import GaussianEvent, SkellamEvent
@@ -150,3 +152,27 @@ def test_a_sum_with_fewer_contributions_than_the_noise_assumes_is_refused():
     dp = ClientLevelDP(inner, clip_norm=1.0, noise_multiplier=0.8, random=SecureRandom())
     with pytest.raises(ProtocolAbort, match="less than the accounted noise"):
         dp.aggregate(1, _updates(5, 50))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid=st.integers(3, 9), bad=st.integers(0, 5), dropout=st.sampled_from([0.0, 0.2, 0.4]),
+       seed=st.integers(0, 2**32 - 1))
+def test_searched_rejections_and_dropouts_never_release_less_than_the_target_noise(
+        valid, bad, dropout, seed):
+    """The adversary searches over how many clients send malformed updates and how many drop
+    out; the honest protocol either refuses the round or releases at least the target noise."""
+    rng = np.random.default_rng(seed)
+    inner = MaskedAggregation(max_weight=1, rng=rng, clip=1.0, bits=16, dropout=dropout)
+    z, length = 0.8, 2000
+    dp = ClientLevelDP(inner, clip_norm=1.0, noise_multiplier=z, random=SecureRandom())
+    updates = _updates(valid, length, seed=seed % 1000)
+    updates += [ClientUpdate(50 + c, np.full(length, np.nan, np.float32), 1.0) for c in range(bad)]
+    rng.shuffle(updates)
+    _, l2 = sensitivity(16, length)
+    try:
+        result = dp.aggregate(1, updates)
+    except ProtocolAbort:
+        return
+    assert len(result.participants) >= inner.min_contributions(valid)
+    noise = result.weighted_sum - _clipped_sum(updates, result.participants, 1.0)
+    assert noise.std() / (z * l2 * 2.0 / (2 ** 16 - 1)) > 0.93
