@@ -80,6 +80,8 @@ def build_experiment(
         strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer, weighting=weighting)
     else:
         strategy = fl_core.FedSGD(lr=t.lr)
+    if privacy is not None and privacy.zero_on_failure:
+        strategy = fl_core.ZeroOnFailure(strategy)
     history = HistoryRecorder()
     extra = [privacy.budget] if privacy is not None else []
     server = fl_core.FederatedServer(

@@ -11,7 +11,9 @@ Every value a client sends, per mode (docs/privacy.md has the full table):
   sizes are public), 1 under ``"equal"`` and under client-level DP;
 - its clipped-coordinate count (masking, Paillier): summed inside the secure layer; a function
   of the noisy update under DP-SGD, always 0 under client-level DP (S <= c);
-- whether its local model was finite, and when it answers: named in ``not_covered``.
+- whether its local model was finite: under client-level DP a failed client sends a zero update
+  (covered by the noise like any update); under DP-SGD named in ``not_covered``;
+- when it answers: named in ``not_covered``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class PrivacySetup:
     """Releases epsilon does not account for (said in summary.json, never silently)."""
     withheld: dict[str, str] = field(default_factory=dict)
     """What clients do not report in this run, and why."""
+    zero_on_failure: bool = False
+    """Whether a client whose local model is not finite sends a zero update instead of leaving
+    the round (client level: the zero update is clipped and noised like any other)."""
 
 
 UNIT_EXAMPLE_SIZES_PUBLIC = (
@@ -66,8 +71,8 @@ TIMING = ("timing: how long a client takes and when its messages arrive (history
           "local work grows with the number of records processed")
 FAILURES = ("failures: a client whose local model is not finite leaves the round (failed_clients, "
             "dropped), without noise; under DP-SGD every step is bounded (clipped gradients plus "
-            "finite noise), so only non-finite data or overflow can cause it; under client-level "
-            "DP the local training is plain SGD, whose divergence depends on the data")
+            "finite noise), so only non-finite data or overflow can cause it (under client-level "
+            "DP such a client sends a zero update instead, which the noise covers)")
 WEIGHT_BOUND = ("the secure layer's public weight bound max_weight, set to the largest client "
                 "size n_k (it sizes the words of the sum)")
 
@@ -93,7 +98,9 @@ def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
         setup.not_covered.append(SIZES)
     if config.secure.aggregation != "none":
         setup.not_covered.append(WEIGHT_BOUND)
-    setup.not_covered.extend([TIMING, FAILURES])
+    setup.not_covered.append(TIMING)
+    if not setup.zero_on_failure:
+        setup.not_covered.append(FAILURES)
     return setup
 
 
@@ -139,7 +146,8 @@ def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
     wrapped = ClientLevelDP(protocol, clip_norm=p.max_grad_norm, noise_multiplier=sigma,
                             random=_random(config, "client"))
     return PrivacySetup("client", sigma, _budget(config, [wrapped.round_events(n_parameters)], sigma),
-                        protocol=wrapped, weighting="equal", unit_definition=UNIT_CLIENT)
+                        protocol=wrapped, weighting="equal", unit_definition=UNIT_CLIENT,
+                        zero_on_failure=True)
 
 
 def _budget(config: ExperimentConfig, profiles: list[list[Event]], sigma: float) -> PrivacyBudget:

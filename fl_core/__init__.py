@@ -9,7 +9,15 @@ from fl_core.aggregation import (
     ClientUpdate,
     PlainAggregation,
 )
-from fl_core.client import FedAvg, FedSGD, LocalResult, LocalTrainer, SGDTrainer, Strategy
+from fl_core.client import (
+    FedAvg,
+    FedSGD,
+    LocalResult,
+    LocalTrainer,
+    SGDTrainer,
+    Strategy,
+    ZeroOnFailure,
+)
 from fl_core.data import ArrayDataset, FederatedDataset
 from fl_core.datasets import DATASET_NAMES, load_federated
 from fl_core.errors import (
@@ -54,6 +62,7 @@ __all__ = [
     "Strategy",
     "TooFewClientsError",
     "TrainingResult",
+    "ZeroOnFailure",
     "build_model",
     "clients_per_round",
     "evaluate",

@@ -187,3 +187,37 @@ class FedSGD(Strategy):
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
         return (global_vector - np.float32(self.lr) * average).astype(np.float32)
+
+
+class ZeroOnFailure(Strategy):
+    """Wraps a strategy so that a client whose local result is not finite sends a zero update
+    (with its usual weight and no loss) instead of dropping out of the round.
+
+    The server then cannot tell a failed client from one whose update happens to be zero; under a
+    layer that clips and noises every update whatever it is (client-level DP), the failure is
+    covered like any other property of the client's data.
+
+    Args:
+        inner: the strategy whose updates are sent.
+    """
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def client_update(
+        self,
+        model: nn.Module,
+        global_vector: np.ndarray,
+        data: ArrayDataset,
+        *,
+        rng: np.random.Generator,
+    ) -> LocalResult:
+        try:
+            return self.inner.client_update(model, global_vector, data, rng=rng)
+        except NonFiniteError:
+            equal = getattr(self.inner, "weighting", "samples") == "equal"
+            return LocalResult(np.zeros_like(global_vector, dtype=np.float32),
+                               1.0 if equal else float(len(data)), None)
+
+    def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
+        return self.inner.apply(global_vector, average)

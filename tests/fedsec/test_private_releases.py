@@ -161,7 +161,33 @@ def test_every_private_summary_names_the_withheld_loss_timing_and_failures():
         assert "train_loss" in privacy["withheld"]
         assert privacy["unit_definition"]
         assert any(item.startswith("timing") for item in privacy["not_covered"])
-        assert any(item.startswith("failures") for item in privacy["not_covered"])
+        failures_named = any(item.startswith("failures") for item in privacy["not_covered"])
+        assert failures_named == (settings["dp.mode"] == "dpsgd")
+
+
+def _diverging(data):
+    """Client 1's features scaled so that plain local SGD overflows (a non-finite local model)."""
+    own = data.clients[1]
+    clients = list(data.clients)
+    clients[1] = fl_core.ArrayDataset(own.x * np.float32(1e30), own.y)
+    return dataclasses.replace(data, clients=tuple(clients))
+
+
+def test_under_client_level_dp_a_failing_client_looks_like_any_other():
+    """The client's data make its local training diverge; it sends a zero update (clipped and
+    noised like any other) instead of dropping out, so the server sees the same ids, weights,
+    participants and failure counts as in the run without the divergence."""
+    settings = {**PRIVATE[2], "train.lr": 0.5}
+    before, after = _server_view(settings, None), _server_view(settings, _diverging)
+    assert len(after[1]) == 2 and before[0] == after[0] and before[1] == after[1]
+    assert all(row["metrics"]["failed_clients"] == 0 for row in after[1])
+
+
+def test_the_control_a_failing_client_drops_out_without_client_level_dp():
+    settings = {"dp.mode": "none", "secure.aggregation": "none", "train.lr": 0.5}
+    before, after = _server_view(settings, None), _server_view(settings, _diverging)
+    assert before[1][0]["metrics"]["failed_clients"] == 0
+    assert after[1][0]["metrics"]["failed_clients"] == 1 and after[1][0]["participants"] == 3
 
 
 def test_client_level_updates_leave_the_client_with_weight_one():
