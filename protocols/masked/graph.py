@@ -59,7 +59,9 @@ class RingGraph:
         if not (self.degree == n - 1 or (self.degree % 2 == 0 and 2 <= self.degree < n - 1)):
             raise InvalidArgumentError(
                 f"degree must be n - 1 = {n - 1} (complete) or even in [2, {n - 2}], got {self.degree}")
-        if any(isinstance(c, bool) or not isinstance(c, int | np.integer) for c in self.ring):
+        kinds = set(map(type, self.ring))
+        if not kinds <= {int} and any(isinstance(c, bool) or not isinstance(c, int | np.integer)
+                                      for c in self.ring):
             raise InvalidArgumentError("client ids must be integers")
         try:
             ids = np.array(self.ring, dtype=np.uint64)
