@@ -93,7 +93,10 @@ class MaskedAggregation(AggregationProtocol):
         return self.parameters(n)[1]
 
     def parameters(self, n: int) -> tuple[int, int]:
-        """(degree, threshold) this protocol uses for n clients."""
+        """(degree, threshold) this protocol uses for n clients; ProtocolAbort below 3 clients
+        (a threshold t >= 2 needs k >= 2 neighbours)."""
+        if n < 3:
+            raise ProtocolAbort(f"secure aggregation needs at least 3 valid clients, got {n}")
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
                                    graph=self.graph, active=self.active)
         threshold = self.threshold or chosen.threshold
@@ -106,13 +109,11 @@ class MaskedAggregation(AggregationProtocol):
                   purpose: Purpose = "update") -> AggregateResult:
         valid, rejected = validate_updates(updates, self.max_weight)
         self.last_rejected = list(rejected)
-        if len(valid) < 2:
-            raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
         n = len(valid)
+        degree, threshold = self.parameters(n)
         noise = self.client_noise if purpose == "update" else None
         encoder = encoder_for(purpose, clients=n, length=int(valid[0].vector.size),
                               max_weight=self.max_weight, clip=self.clip, bits=self.bits, noise=noise)
-        degree, threshold = self.parameters(n)
         ids = [u.client_id for u in valid]
         identities = None
         if self.active:
