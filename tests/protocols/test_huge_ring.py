@@ -50,7 +50,7 @@ def test_a_million_member_sparse_ring_costs_a_client_little():
     shares = m.decode(reply, expect=m.ShareKeys)[1]
     assert sorted(v for v, _ in shares.sealed) == sorted(neighbours)
     # The parsed ring itself (Python ints) is ~5x the message; the graph adds 2 x 8 bytes a member.
-    assert peak < 8 * len(params)
+    assert peak < 10 * len(params)  # the old client built n x k entries: ~90x here
     graph = client._ctx.graph
     assert list(graph._by_owner) == [me] and len(graph._by_owner[me][0]) == k
 
