@@ -102,7 +102,7 @@ class RingGraph:
                 return None
             n, half = len(self.ring), self.degree // 2
             if self.complete:
-                ordered = self.ring[p + 1:] + self.ring[:p]
+                ordered = tuple(self.ring[p + 1:]) + tuple(self.ring[:p])
             else:
                 ordered = tuple(self.ring[(p + o) % n] for o in (*range(1, half + 1), *range(-half, 0)))
             found = self._by_owner[owner] = (ordered, {v: x for x, v in enumerate(ordered, start=1)})
