@@ -37,7 +37,7 @@ def test_the_small_order_set_is_exactly_the_points_of_order_dividing_8():
     assert all(eight_times_is_infinity(u) for u in keys.SMALL_ORDER_U)
     order_8 = [u for u in keys.SMALL_ORDER_U if u not in (0, 1, P - 1)]
     assert len(order_8) == 2
-    for u in order_8:  # order exactly 8: four doublings-worth of structure, not fewer
+    for u in order_8:  # order exactly 8: two doublings do not reach infinity
         x, z = u, 1
         for _ in range(2):
             x, z = (x * x - z * z) ** 2 % P, 4 * x * z * (x * x + A * x * z + z * z) % P
