@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import types
 
 import numpy as np
 import pytest
@@ -137,8 +138,10 @@ def test_aggregate_survives_a_client_that_advertises_a_small_order_key(monkeypat
 
 def _dealing(s, liar: int, value: int, kind: int):
     """The liar deals shares of ``value`` (a field element) instead of its seed or mask key."""
+    inner = s.clients[liar]
+
     def change(body: m.ShareKeys) -> m.ShareKeys:
-        ctx = s.clients[liar]._ctx  # the adversary's own client: it knows its box keys
+        ctx = inner._ctx  # the adversary's own client: it knows its box keys
         coefficients = [value] + [secrets.randbelow(shamir.PRIME) for _ in range(s.threshold - 1)]
         sealed = []
         for v, blob in body.sealed:
@@ -151,7 +154,7 @@ def _dealing(s, liar: int, value: int, kind: int):
             sealed.append((v, crypto.seal(ctx.box_keys[v], bytes(plain), aad)))
         return m.ShareKeys(tuple(sealed))
 
-    return Rewriting(s.clients[liar], m.ShareKeys, change)
+    return Rewriting(inner, m.ShareKeys, change)
 
 
 @settings(max_examples=6)
@@ -220,3 +223,36 @@ def test_the_server_refuses_every_bad_encoding_at_advertisement(bad):
             reply = m.encode(header, m.AdvertiseKeys(dataclasses.replace(body.entry, encryption_key=bad)))
         s.server.receive(c, reply)
     assert s.server.rejected == {min(out): "a public key is malformed or of small order"}
+
+
+@pytest.mark.parametrize("kind", [m.SHARE_OF_SEED, m.SHARE_OF_MASK_KEY])
+def test_a_secret_above_2_256_never_raises_past_the_seam(monkeypatch, kind):
+    honest_build = seam.build_round
+
+    def build_with_a_dealer_of_bad_shares(**kwargs):
+        built = honest_build(**kwargs)
+        liar = built.graph.ring[1]
+        # A constant polynomial: every share equals the bad value, whatever t is.
+        view = types.SimpleNamespace(clients=built.clients, session=built.session, graph=built.graph,
+                                     round_index=kwargs["round_index"], threshold=1)
+        built.clients[liar] = _dealing(view, liar, shamir.PRIME - 1, kind)
+        if kind == m.SHARE_OF_MASK_KEY:  # it must drop for its mask key to be rebuilt
+            built.clients[liar] = _Silent(built.clients[liar], after=2)
+        return built
+
+    monkeypatch.setattr(seam, "build_round", build_with_a_dealer_of_bad_shares)
+    rng = np.random.default_rng(5)
+    updates = [fl_core.ClientUpdate(c, rng.normal(0, 0.2, 16).astype(np.float32), 2.0) for c in range(7)]
+    with pytest.raises(ProtocolAbort, match="do not rebuild a 32-byte secret"):
+        MaskedAggregation(max_weight=10, rng=np.random.default_rng(0)).aggregate(1, updates)
+
+
+class _Silent:
+    """Answers the first ``after`` messages, then drops out (says nothing more)."""
+
+    def __init__(self, inner, *, after: int) -> None:
+        self.inner, self.left = inner, after
+
+    def handle(self, data: bytes) -> bytes | None:
+        self.left -= 1
+        return self.inner.handle(data) if self.left >= 0 else None
