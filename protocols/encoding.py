@@ -107,18 +107,28 @@ def _is_id(value: object) -> bool:
 
 
 def _vector_problem(vector: object) -> str | None:
-    if (not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.size < 1
-            or vector.dtype.kind not in "fiu"):
+    if (not isinstance(vector, np.ndarray) or np.ma.isMaskedArray(vector) or vector.ndim != 1
+            or vector.size < 1 or vector.dtype.kind not in "fiu"):
         return BAD_VECTOR
-    if vector.dtype.kind == "f" and not np.isfinite(vector).all():
-        return NOT_FINITE
+    if vector.dtype.kind == "f":
+        if not np.isfinite(vector).all():
+            return NOT_FINITE
+        if vector.dtype.itemsize > 8:
+            with np.errstate(over="ignore"):
+                if not np.isfinite(vector.astype(np.float64)).all():
+                    return NOT_FINITE  # finite in extended precision, infinite as the float64 encoded
     return None
 
 
 def _is_weight(value: object, max_weight: int) -> bool:
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         return False
-    w = float(value)
+    if isinstance(value, numbers.Integral):
+        return 1 <= int(value) <= max_weight
+    try:
+        w = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
     return math.isfinite(w) and w.is_integer() and 1 <= w <= max_weight
 
 

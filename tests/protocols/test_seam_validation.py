@@ -11,6 +11,7 @@ accounting for every update, or raises ProtocolAbort.
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 
 import numpy as np
@@ -78,6 +79,11 @@ BAD = {
     "inf weight": lambda c: good(c, math.inf),
     "weight above max": lambda c: good(c, 11),
     "None weight": lambda c: good(c, None),
+    "huge int weight": lambda c: good(c, 10**400),
+    "huge fraction weight": lambda c: good(c, fractions.Fraction(10**400, 3)),
+    "masked array": lambda c: fl_core.ClientUpdate(
+        c, np.ma.masked_array(np.r_[np.nan, np.zeros(LENGTH - 1)], mask=[1] + [0] * (LENGTH - 1)), 2.0),
+    "float64 overflow": lambda c: fl_core.ClientUpdate(c, np.full(LENGTH, 1e300, np.longdouble) ** 2, 2.0),
 }
 BAD_IDS = {"string id": "7", "float id": 7.0, "bool id": True, "negative id": -7, "id 2^64 - 1": 2**64 - 1,
            "id 2^64": 2**64, "None id": None, "list id": [7], "numpy float id": np.float64(7)}
