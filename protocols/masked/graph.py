@@ -46,7 +46,8 @@ class RingGraph:
     copy of the ids (two numpy arrays, 16 bytes a member), and a member's neighbours and the
     x-coordinates of its share holders are computed arithmetically from its position when first
     asked for, then kept (k entries per member asked about). A client therefore holds memory
-    linear in the ring it was sent plus its own neighbourhood, and works only on that.
+    linear in the ring it was sent plus its own neighbourhood; its work is one sort of the ring
+    (O(n log n), vectorised) and then its own neighbourhood only.
     """
 
     ring: tuple[int, ...]
