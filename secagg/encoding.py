@@ -17,6 +17,7 @@ below 2c/L per unit weight, zero in expectation).
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +27,17 @@ from secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
 from secagg.prg import word_dtype
 
 MAX_MODULUS_BITS = 64
+
+
+def _integer_in(value: numbers.Real, low: int, high: int) -> bool:
+    """Whether a real number is an integer in [low, high] (no float overflow for huge values)."""
+    if isinstance(value, numbers.Integral):
+        return low <= int(value) <= high
+    try:
+        as_float = float(value)
+    except (OverflowError, ValueError):
+        return False
+    return math.isfinite(as_float) and as_float.is_integer() and low <= as_float <= high
 
 
 def clip_range(bits: int, modulus_bits: int = MAX_MODULUS_BITS) -> tuple[float, float]:
@@ -110,15 +122,17 @@ class FixedPointEncoder:
 
     def encode(self, vector: np.ndarray, weight: int, *, rng: np.random.Generator) -> Encoded:
         """Encode one client's vector with its weight; randomised rounding draws from ``rng``."""
-        if not isinstance(vector, np.ndarray) or vector.ndim != 1:
-            raise EncodingError("the vector to encode must be a one-dimensional numpy array")
+        if not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.dtype.kind not in "fiu":
+            raise EncodingError("the vector to encode must be a one-dimensional numpy array of reals")
         if vector.size > self.max_length:
             raise EncodingError(f"vector length {vector.size} exceeds max_length {self.max_length}")
-        values = vector.astype(np.float64)
+        with np.errstate(over="ignore"):
+            values = vector.astype(np.float64)
         if not np.isfinite(values).all():
             raise EncodingError("the vector holds NaN or infinite values")
-        if isinstance(weight, bool) or int(weight) != weight or not 1 <= weight <= self.max_weight:
-            raise EncodingError(f"weight must be an integer in [1, {self.max_weight}], got {weight}")
+        if (isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real)
+                or not _integer_in(weight, 1, self.max_weight)):
+            raise EncodingError(f"weight must be an integer in [1, {self.max_weight}], got {weight!r}")
         clipped = int(np.count_nonzero(np.abs(values) > self.clip))
         scaled = (np.clip(values, -self.clip, self.clip) + self.clip) * (self.levels / (2 * self.clip))
         floor = np.floor(scaled)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder, clip_range
-from secagg.errors import InvalidArgumentError
+from secagg.errors import EncodingError, InvalidArgumentError
 
 
 def test_range_formula():
@@ -61,3 +61,13 @@ def test_the_range_ends_are_inclusive_and_one_step_beyond_is_refused(bits):
     for clip in (math.nextafter(lo, 0), math.nextafter(hi, math.inf)):
         with pytest.raises(InvalidArgumentError, match="clip"):
             FixedPointEncoder(clip=clip, bits=bits, max_clients=20, max_weight=1000, max_length=4)
+
+
+@pytest.mark.parametrize("vector,weight", [
+    (np.array(["1", "2"]), 1), (np.array([1.0, 2.0], dtype=object), 1), (np.ones(2, dtype=complex), 1),
+    (np.zeros(2), None), (np.zeros(2), "1"), (np.zeros(2), 10**400), (np.zeros(2), np.bool_(True)),
+    (np.zeros(2), float("nan")), (np.full(2, 1e300, np.longdouble) ** 2, 1)])
+def test_encode_refuses_what_is_not_a_real_vector_or_an_integer_weight(vector, weight):
+    enc = FixedPointEncoder(clip=1.0, bits=8, max_clients=2, max_weight=10, max_length=3)
+    with pytest.raises(EncodingError):
+        enc.encode(vector, weight, rng=np.random.default_rng(0))
