@@ -17,6 +17,8 @@ below 2c/L per unit weight, zero in expectation).
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,36 @@ from secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
 from secagg.prg import word_dtype
 
 MAX_MODULUS_BITS = 64
+
+
+def _integer_in(value: numbers.Real, low: int, high: int) -> bool:
+    """Whether a real number is an integer in [low, high] (no float overflow for huge values)."""
+    if isinstance(value, numbers.Integral):
+        return low <= int(value) <= high
+    try:
+        as_float = float(value)
+    except (OverflowError, ValueError):
+        return False
+    return math.isfinite(as_float) and as_float.is_integer() and low <= as_float <= high
+
+
+def clip_range(bits: int, modulus_bits: int = MAX_MODULUS_BITS) -> tuple[float, float]:
+    """The clip values c that encode and decode without overflow or lost precision, as [lo, hi].
+
+    lo = 2^bits x the smallest normal float: the quantisation step 2c / L (L = 2^bits - 1) is
+    then a normal number (full 53-bit precision) and L / (2c) is finite; below it a step is
+    subnormal or L / (2c) overflows, and every value encodes as +-c (c = 1e-310 at 16 bits).
+    hi = the largest float / 2^(modulus_bits + 2): then 2c is finite and every decoded sum (a
+    word below 2^modulus_bits times 2c / L, minus c times the total weight) stays below half the
+    largest float; above it 2c or a decoded sum overflows to inf or NaN (c = 1e308).
+
+    Args:
+        bits: quantisation bits, >= 1.
+        modulus_bits: bits of the summing modulus, 1..64 (64 covers every configuration).
+    """
+    lo = math.ldexp(sys.float_info.min, bits)
+    hi = math.ldexp(sys.float_info.max, -(modulus_bits + 2))
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -39,7 +71,8 @@ class FixedPointEncoder:
     """Clip, quantise and weight float vectors into integers mod 2^b (see the module docstring).
 
     Args:
-        clip: c > 0; each coordinate is clipped to [-c, c] (clipping is counted, never silent).
+        clip: c > 0; each coordinate is clipped to [-c, c] (clipping is counted, never silent);
+            c must lie in :func:`clip_range` (bits, modulus bits) so that it can be encoded.
         bits: quantisation bits per coordinate, 1 <= bits <= 48.
         max_clients: most vectors that will ever be summed, >= 1.
         max_weight: largest integer weight a client may use, >= 1.
@@ -50,6 +83,7 @@ class FixedPointEncoder:
 
     Raises:
         WrapRiskError: the sum bound needs more than 64 bits.
+        InvalidArgumentError: an argument out of range, e.g. a clip outside :func:`clip_range`.
     """
 
     def __init__(self, *, clip: float, bits: int, max_clients: int, max_weight: int,
@@ -78,20 +112,27 @@ class FixedPointEncoder:
             raise WrapRiskError(
                 f"{max_clients} clients x weight {max_weight} x {bits}-bit values need a "
                 f"{self.modulus_bits}-bit modulus; at most {MAX_MODULUS_BITS} bits are supported")
+        lo, hi = clip_range(bits, self.modulus_bits)
+        if not lo <= self.clip <= hi:
+            raise InvalidArgumentError(
+                f"clip must be in [{lo:.6g}, {hi:.6g}] for {bits}-bit values summed modulo "
+                f"2^{self.modulus_bits}, got {clip}")
         self.dtype = word_dtype(self.modulus_bits)
         self.word_bytes = (self.modulus_bits + 7) // 8
 
     def encode(self, vector: np.ndarray, weight: int, *, rng: np.random.Generator) -> Encoded:
         """Encode one client's vector with its weight; randomised rounding draws from ``rng``."""
-        if not isinstance(vector, np.ndarray) or vector.ndim != 1:
-            raise EncodingError("the vector to encode must be a one-dimensional numpy array")
+        if not isinstance(vector, np.ndarray) or vector.ndim != 1 or vector.dtype.kind not in "fiu":
+            raise EncodingError("the vector to encode must be a one-dimensional numpy array of reals")
         if vector.size > self.max_length:
             raise EncodingError(f"vector length {vector.size} exceeds max_length {self.max_length}")
-        values = vector.astype(np.float64)
+        with np.errstate(over="ignore"):
+            values = vector.astype(np.float64)
         if not np.isfinite(values).all():
             raise EncodingError("the vector holds NaN or infinite values")
-        if isinstance(weight, bool) or int(weight) != weight or not 1 <= weight <= self.max_weight:
-            raise EncodingError(f"weight must be an integer in [1, {self.max_weight}], got {weight}")
+        if (isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real)
+                or not _integer_in(weight, 1, self.max_weight)):
+            raise EncodingError(f"weight must be an integer in [1, {self.max_weight}], got {weight!r}")
         clipped = int(np.count_nonzero(np.abs(values) > self.clip))
         scaled = (np.clip(values, -self.clip, self.clip) + self.clip) * (self.levels / (2 * self.clip))
         floor = np.floor(scaled)

@@ -2,6 +2,14 @@
 
 Keys travel as raw 32-byte strings. Every failure (a malformed key, a ciphertext or signature
 that does not verify) raises the one opaque :class:`secagg.errors.CryptoError`.
+
+An X25519 public key is accepted only in its canonical encoding (little-endian u < 2^255 - 19,
+top bit clear) and only if it is not one of the points of small order (order 1, 2, 4 or 8 on
+the curve or its twist, u in {0, 1, p - 1} and the two order-8 u-coordinates). With a small-order
+peer key the shared secret takes at most 8 values whatever the private key (all-zero for a
+clamped scalar), so a peer or a server that advertised one would fix the keys derived from it.
+Canonical encodings also make equal byte strings equal points, so duplicate-key checks on bytes
+cannot be evaded by a second encoding of the same key.
 """
 
 from __future__ import annotations
@@ -27,6 +35,30 @@ _RAW = serialization.Encoding.Raw
 _RAW_PUBLIC = serialization.PublicFormat.Raw
 _RAW_PRIVATE = serialization.PrivateFormat.Raw
 _NO_ENCRYPTION = serialization.NoEncryption()
+
+FIELD_PRIME = 2**255 - 19
+"""The prime of Curve25519's base field."""
+SMALL_ORDER_U = frozenset({
+    0,
+    1,
+    FIELD_PRIME - 1,
+    325606250916557431795983626356110631294008115727848805560023387167927233504,
+    39382357235489614581723060781553021112529911719440698176882885853963445705823,
+})
+"""Canonical u-coordinates of every point of order dividing 8 on Curve25519 and its twist."""
+
+
+def check_public_key(public: bytes) -> None:
+    """Refuse an X25519 public key that is not 32 bytes, not canonical, or of small order.
+
+    Raises:
+        CryptoError: (opaque) for any of those; an honest key generated here always passes.
+    """
+    if not isinstance(public, bytes | bytearray) or len(public) != KEY_BYTES:
+        raise CryptoError()
+    u = int.from_bytes(public, "little")
+    if u >= FIELD_PRIME or u in SMALL_ORDER_U:
+        raise CryptoError()
 
 
 class KeyPair:
@@ -55,11 +87,16 @@ class KeyPair:
         return self._key.private_bytes(_RAW, _RAW_PRIVATE, _NO_ENCRYPTION)
 
     def agree(self, peer_public: bytes) -> bytes:
-        """Raw X25519 shared secret with ``peer_public``."""
+        """Raw X25519 shared secret with ``peer_public``; CryptoError for a non-canonical or
+        small-order peer key (:func:`check_public_key`) and for an all-zero secret."""
+        check_public_key(peer_public)
         try:
-            return self._key.exchange(X25519PublicKey.from_public_bytes(peer_public))
+            secret = self._key.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
         except ValueError:
             raise CryptoError() from None
+        if secret == bytes(KEY_BYTES):
+            raise CryptoError()
+        return secret
 
 
 def derive_key(secret: bytes, *, purpose: bytes, context: bytes, length: int = KEY_BYTES) -> bytes:

@@ -84,17 +84,27 @@ def combine(xs: Sequence[int], shares: np.ndarray) -> list[bytes]:
     Args:
         xs: the t distinct x-coordinates of the shares used.
         shares: object array (n_secrets, t) of field elements, column j at xs[j].
+
+    Raises:
+        ReconstructionError: a share that is not an integer in [0, PRIME), or a result that is
+            not a 32-byte secret (>= 2^256: shares that were never of one secret).
     """
     points = _check_xs(xs)
-    if shares.ndim != 2 or shares.shape[1] != len(points):
-        raise ReconstructionError(f"need shares shaped (secrets, {len(points)}), got {shares.shape}")
+    if not isinstance(shares, np.ndarray) or shares.ndim != 2 or shares.shape[1] != len(points):
+        raise ReconstructionError(f"need shares shaped (secrets, {len(points)}), got "
+                                  f"{getattr(shares, 'shape', None)}")
+    if shares.size and not all(isinstance(v, int | np.integer) and 0 <= v < PRIME for v in shares.flat):
+        raise ReconstructionError("a share is not a field element")
     weights = np.array(lagrange_at_zero(tuple(points)), dtype=object)
     totals = (shares * weights).sum(axis=1) % PRIME if shares.size else []
     return [int_to_secret(int(v)) for v in totals]
 
 
 def combine_one(xs: tuple[int, ...], shares: Sequence[bytes]) -> bytes:
-    """Reconstruct one secret from exactly t serialized shares at the distinct x-coordinates ``xs``."""
+    """Reconstruct one secret from exactly t serialized shares at the distinct x-coordinates ``xs``.
+
+    Raises ReconstructionError for a share that is not 33 bytes of a field element or a result
+    that is not a 32-byte secret; never anything else for any bytes."""
     points = _check_xs(xs)
     if len(shares) != len(points):
         raise ReconstructionError(f"need {len(points)} shares, got {len(shares)}")

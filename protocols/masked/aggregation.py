@@ -3,6 +3,14 @@
 Each call runs one full protocol round among the given clients: every client encodes its update
 with the shared fixed-point encoder, masks it, and the server learns only the weighted sum of
 the survivors' updates, their total weight and their total clipped-value count.
+
+What the seam does with bad input (see :func:`protocols.encoding.validate_updates`): an update
+with a bad id, a repeated id, a vector that is not a finite 1-D real array, a weight that is not
+an integer in [1, max_weight], or a length other than the common one is rejected: listed in
+``dropped``, counted in ``metrics['rejected']`` and in :attr:`MaskedAggregation.last_rejected`
+with its reason; the round goes on with the others. A client the server removes during the round
+(e.g. for a small-order key) is recorded the same way. A round that cannot release the exact sum
+raises :class:`protocols.errors.ProtocolAbort`, never another exception.
 """
 
 from __future__ import annotations
@@ -19,16 +27,18 @@ from fl_core.aggregation import (
 )
 from fl_core.errors import InvalidParameterError
 from protocols.encoding import (
+    Rejection,
     ShiftedNoise,
     check_layer_arguments,
     encoder_for,
     remove_offsets,
     validate_updates,
 )
-from protocols.errors import ProtocolAbort
+from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.masked.graph import choose_parameters
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
 from protocols.transport import InMemoryTransport
+from secagg.errors import SecAggError
 from secagg.keys import SigningKey
 
 
@@ -75,13 +85,18 @@ class MaskedAggregation(AggregationProtocol):
         """Shifted integer noise every client adds to its encoded update (client-level DP)."""
         self._identities: dict[int, SigningKey] = {}
         self.last_trace: RoundTrace | None = None
+        self.last_rejected: list[Rejection] = []
+        """Updates refused at the seam and clients the server removed in the last call, with why."""
 
     def min_contributions(self, n: int) -> int:
         """The fewest inputs a released sum over n sampled clients can hold (the threshold)."""
         return self.parameters(n)[1]
 
     def parameters(self, n: int) -> tuple[int, int]:
-        """(degree, threshold) this protocol uses for n clients."""
+        """(degree, threshold) this protocol uses for n clients; ProtocolAbort below 3 clients
+        (a threshold t >= 2 needs k >= 2 neighbours)."""
+        if n < 3:
+            raise ProtocolAbort(f"secure aggregation needs at least 3 valid clients, got {n}")
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
                                    graph=self.graph, active=self.active)
         threshold = self.threshold or chosen.threshold
@@ -93,13 +108,12 @@ class MaskedAggregation(AggregationProtocol):
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         valid, rejected = validate_updates(updates, self.max_weight)
-        if len(valid) < 2:
-            raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
+        self.last_rejected = list(rejected)
         n = len(valid)
+        degree, threshold = self.parameters(n)
         noise = self.client_noise if purpose == "update" else None
         encoder = encoder_for(purpose, clients=n, length=int(valid[0].vector.size),
                               max_weight=self.max_weight, clip=self.clip, bits=self.bits, noise=noise)
-        degree, threshold = self.parameters(n)
         ids = [u.client_id for u in valid]
         identities = None
         if self.active:
@@ -119,19 +133,26 @@ class MaskedAggregation(AggregationProtocol):
                 if self.rng.random() < self.dropout:
                     drops[c] = int(self.rng.choice(DROP_STAGES))
         transport = InMemoryTransport()
-        self.last_trace = run_round(server, clients, drop_at=drops, transport=transport)
-        total, survivors = server.result()
+        try:
+            self.last_trace = run_round(server, clients, drop_at=drops, transport=transport)
+            total, survivors = server.result()
+        except (SecAggError, MalformedMessage) as error:
+            # Defence in depth: every peer-caused failure is already typed inside the protocol;
+            # anything of ours that still escapes ends the round as an abort, never a crash.
+            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
+        finally:
+            self.last_rejected = rejected + [Rejection(c, why) for c, why in server.rejected.items()]
         weighted, total_weight, clipped = encoder.decode(
             remove_offsets(total, len(survivors), noise))
-        requested = [u.client_id for u in updates]
+        in_sum = set(survivors)
+        dropped = [r.client_id for r in rejected] + [c for c in ids if c not in in_sum]
         return AggregateResult(
             weighted_sum=weighted,
             total_weight=float(total_weight),
             participants=survivors,
-            dropped=tuple(c for c in requested if c not in set(survivors)),
+            dropped=tuple(dropped),
             upload_bytes=transport.upload_bytes,
-            metrics={"clipped": float(clipped), "rejected": float(len(rejected)),
+            metrics={"clipped": float(clipped), "rejected": float(len(self.last_rejected)),
                      "client_aborts": float(len(self.last_trace.aborts)),
                      "secagg_degree": float(degree), "secagg_threshold": float(threshold)},
         )
-

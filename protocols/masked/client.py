@@ -43,6 +43,7 @@ UNSAFE_PARAMS = "unsafe or invalid session parameters"
 OWN_KEY = "own key missing, altered or duplicated in the key list"
 DUPLICATE_KEYS = "duplicate clients or keys in the key list"
 BAD_SIGNATURE = "a signature does not verify"
+BAD_KEY = "a public key is malformed or of small order"
 FEW_NEIGHBOURS = "fewer than t neighbours"
 SHARE_AUTH = "a share ciphertext fails authentication"
 UNKNOWN_CLIENT = "a client that was never in the round"
@@ -184,6 +185,11 @@ class _AwaitKeyList(_Stage):
         for e in body.entries:
             if e.client != ctx.client_id and not ctx.graph.is_neighbour(ctx.client_id, e.client):
                 raise ClientAbort(UNKNOWN_CLIENT)
+            try:
+                crypto.check_public_key(e.encryption_key)
+                crypto.check_public_key(e.mask_key)
+            except CryptoError:
+                raise ClientAbort(BAD_KEY) from None
             if ctx.params.active:
                 try:
                     crypto.verify(ctx.directory[e.client], e.signature,

@@ -29,6 +29,7 @@ import secrets
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 from scipy.stats import hypergeom
 
 from secagg.errors import InvalidArgumentError
@@ -39,7 +40,15 @@ DEFAULT_ETA = 20
 
 @dataclass(frozen=True)
 class RingGraph:
-    """Clients in ring order and the degree k (n - 1 = complete)."""
+    """Clients in ring order and the degree k (n - 1 = complete).
+
+    Nothing here is built for every member: membership and ring positions come from one sorted
+    copy of the ids (two numpy arrays, 16 bytes a member), and a member's neighbours and the
+    x-coordinates of its share holders are computed arithmetically from its position when first
+    asked for, then kept (k entries per member asked about). A client therefore holds memory
+    linear in the ring it was sent plus its own neighbourhood; its work is one sort of the ring
+    (O(n log n), vectorised) and then its own neighbourhood only.
+    """
 
     ring: tuple[int, ...]
     degree: int
@@ -48,55 +57,73 @@ class RingGraph:
         n = len(self.ring)
         if n < 2:
             raise InvalidArgumentError("a masking graph needs at least 2 clients")
-        if len(set(self.ring)) != n:
-            raise InvalidArgumentError("the ring lists a client twice")
         if not (self.degree == n - 1 or (self.degree % 2 == 0 and 2 <= self.degree < n - 1)):
             raise InvalidArgumentError(
                 f"degree must be n - 1 = {n - 1} (complete) or even in [2, {n - 2}], got {self.degree}")
+        kinds = set(map(type, self.ring))
+        if not kinds <= {int} and any(isinstance(c, bool) or not isinstance(c, int | np.integer)
+                                      for c in self.ring):
+            raise InvalidArgumentError("client ids must be integers")
+        try:
+            ids = np.array(self.ring, dtype=np.uint64)
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidArgumentError("client ids must be integers in [0, 2^64)") from None
+        order = np.argsort(ids, kind="stable")
+        ordered = ids[order]
+        if n > 1 and bool((ordered[1:] == ordered[:-1]).any()):
+            raise InvalidArgumentError("the ring lists a client twice")
+        object.__setattr__(self, "_ids", ordered)
+        object.__setattr__(self, "_slots", order)
+        object.__setattr__(self, "_by_owner", {})
 
     @cached_property
     def complete(self) -> bool:
         return self.degree == len(self.ring) - 1
 
-    @cached_property
-    def _position(self) -> dict[int, int]:
-        return {client: i for i, client in enumerate(self.ring)}
+    def position(self, client: int) -> int:
+        """Index of ``client`` in the ring, or -1 if it is not a member (O(log n))."""
+        if isinstance(client, bool) or not isinstance(client, int | np.integer) or not 0 <= client < 2**64:
+            return -1
+        key = np.uint64(client)
+        i = int(np.searchsorted(self._ids, key))
+        if i < self._ids.size and self._ids[i] == key:
+            return int(self._slots[i])
+        return -1
 
     def __contains__(self, client: int) -> bool:
-        return client in self._position
+        return self.position(client) >= 0
+
+    def _holders(self, owner: int) -> tuple[tuple[int, ...], dict[int, int]] | None:
+        """``owner``'s neighbours in x order and mapped to their x-coordinates (None for a
+        stranger), computed from its ring position on first use and kept."""
+        found = self._by_owner.get(owner)
+        if found is None:
+            p = self.position(owner)
+            if p < 0:
+                return None
+            n, half = len(self.ring), self.degree // 2
+            if self.complete:
+                ordered = tuple(self.ring[p + 1:]) + tuple(self.ring[:p])
+            else:
+                ordered = tuple(self.ring[(p + o) % n] for o in (*range(1, half + 1), *range(-half, 0)))
+            found = self._by_owner[owner] = (ordered, {v: x for x, v in enumerate(ordered, start=1)})
+        return found
 
     def x_of(self, owner: int, holder: int) -> int:
-        """x-coordinate (1..k) of ``holder``'s share of ``owner``'s secrets; 0 if not neighbours."""
-        n = len(self.ring)
-        offset = (self._position[holder] - self._position[owner]) % n
-        if offset == 0:
-            return 0
-        if self.complete:
-            return offset
-        half = self.degree // 2
-        if offset <= half:
-            return offset
-        if offset >= n - half:
-            return offset - n + self.degree + 1
-        return 0
-
-    @cached_property
-    def _neighbours(self) -> dict[int, tuple[int, ...]]:
-        n, half = len(self.ring), self.degree // 2
-        offsets = (list(range(1, n)) if self.complete
-                   else list(range(1, half + 1)) + list(range(-half, 0)))
-        return {c: tuple(self.ring[(p + o) % n] for o in offsets) for p, c in enumerate(self.ring)}
-
-    @cached_property
-    def _neighbour_sets(self) -> dict[int, frozenset[int]]:
-        return {c: frozenset(vs) for c, vs in self._neighbours.items()}
+        """x-coordinate (1..k) of ``holder``'s share of ``owner``'s secrets; 0 if not neighbours
+        (or either is not a member)."""
+        found = self._holders(owner)
+        return 0 if found is None else found[1].get(holder, 0)
 
     def neighbours(self, client: int) -> tuple[int, ...]:
-        """The k neighbours of ``client``, ordered by their x-coordinate."""
-        return self._neighbours[client]
+        """The k neighbours of ``client``, ordered by their x-coordinate (KeyError for a stranger)."""
+        found = self._holders(client)
+        if found is None:
+            raise KeyError(client)
+        return found[0]
 
     def is_neighbour(self, u: int, v: int) -> bool:
-        return u in self._position and v in self._neighbour_sets[u]
+        return self.x_of(u, v) != 0
 
 
 def shuffled_ring(clients: list[int] | tuple[int, ...]) -> tuple[int, ...]:

@@ -96,6 +96,11 @@ class _AdvertiseKeys(_Stage):
         e = body.entry
         if e.client != sender:
             raise MalformedMessage("key entry names another client")
+        try:
+            crypto.check_public_key(e.encryption_key)
+            crypto.check_public_key(e.mask_key)
+        except CryptoError:
+            raise MalformedMessage("a public key is malformed or of small order") from None
         if self.r.params.active:
             try:
                 crypto.verify(self.r.directory[sender], e.signature,
@@ -239,7 +244,11 @@ class _Unmask(_Stage):
             raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
         xs = tuple(sorted(points)[: self.r.threshold])
-        return shamir.combine_one(xs, [points[x] for x in xs])
+        try:
+            return shamir.combine_one(xs, [points[x] for x in xs])
+        except SecAggError:
+            raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
+                                "32-byte secret") from None
 
     def _mask_terms(self):
         """(AES key, sign) of every mask term to remove, derived lazily (overlaps with AES)."""

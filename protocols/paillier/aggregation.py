@@ -178,11 +178,14 @@ class PaillierAggregation(AggregationProtocol):
         weighted, total_weight, clipped = encoder.decode(
             remove_offsets(words[:-1], int(words[-1]), noise))
         participants = tuple(server.participants)
+        in_sum = set(participants)
+        dropped = [r.client_id for r in rejected] + [u.client_id for u in valid
+                                                     if u.client_id not in in_sum]
         return AggregateResult(
             weighted_sum=weighted,
             total_weight=float(total_weight),
             participants=participants,
-            dropped=tuple(u.client_id for u in updates if u.client_id not in set(participants)),
+            dropped=tuple(dropped),
             upload_bytes=transport.upload_bytes,
             metrics={"clipped": float(clipped),
                      "rejected": float(len(rejected) + len(server.rejected)),

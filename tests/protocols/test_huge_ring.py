@@ -1,0 +1,93 @@
+"""Item 8 of issue 9: a session naming a huge ring costs a client memory linear in the message
+and work on its own neighbourhood only.
+
+Adversary: a lying server that sends a 10^6-member ring (complete or sparse graph). Before the
+fix a client built every member's neighbour set (n x k entries: quadratic for the complete graph,
+about 1 GB for k = 10 here). Asserted on the sizes of what is built, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocols.masked import RingGraph, shuffled_ring
+from protocols.masked import messages as m
+from protocols.masked.client import MaskedClient
+from secagg.errors import InvalidArgumentError
+from secagg.keys import KeyPair
+
+N = 10**6
+
+
+def _client(ring, me, session):
+    return MaskedClient(client_id=me, session=session, round_index=1, update=np.zeros(4), weight=1,
+                        rng=np.random.default_rng(0))
+
+
+def test_a_million_member_sparse_ring_costs_a_client_little():
+    ring = tuple(range(10, 10 + N))
+    me, session, k = ring[N - 3], os.urandom(16), 10
+    client = _client(ring, me, session)
+    params = m.encode(m.Header(0, session, 1, m.SERVER, me),
+                      m.SessionParams(ring, k, 6, 4, 1.0, 12, N, 100, 4, False))
+    p = ring.index(me)
+    neighbours = [ring[(p + o) % N] for o in (1, 2, 3, 4, 5, -5, -4, -3, -2, -1)]
+    tracemalloc.start()
+    try:
+        advert = m.decode(client.handle(params), expect=m.AdvertiseKeys)[1]
+        entries = (advert.entry,) + tuple(
+            m.KeyEntry(v, KeyPair.generate().public, KeyPair.generate().public, b"") for v in neighbours)
+        reply = client.handle(m.encode(m.Header(0, session, 1, m.SERVER, me), m.KeyList(entries)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    shares = m.decode(reply, expect=m.ShareKeys)[1]
+    assert sorted(v for v, _ in shares.sealed) == sorted(neighbours)
+    # The parsed ring itself (Python ints) is ~5x the message; the graph adds 2 x 8 bytes a member.
+    assert peak < 10 * len(params)  # the old client built n x k entries: ~130x
+    graph = client._ctx.graph
+    assert list(graph._by_owner) == [me] and len(graph._by_owner[me][0]) == k
+
+
+def test_a_million_member_complete_ring_builds_no_per_member_structure():
+    ring = tuple(range(5, 5 + N))
+    me, session = ring[17], os.urandom(16)
+    client = _client(ring, me, session)
+    params = m.encode(m.Header(0, session, 1, m.SERVER, me),
+                      m.SessionParams(ring, N - 1, N // 2 + 1, 4, 1.0, 12, N, 100, 4, False))
+    client.handle(params)
+    graph = client._ctx.graph
+    assert graph._by_owner == {}  # nothing per member until a neighbourhood is asked for
+    assert graph._ids.nbytes + graph._slots.nbytes == 16 * N
+    assert graph.x_of(me, ring[18]) == 1 and graph.x_of(me, ring[16]) == N - 1
+    assert list(graph._by_owner) == [me]  # its own neighbourhood only (n - 1 = k members)
+
+
+@settings(max_examples=30)
+@given(n=st.integers(3, 40), data=st.data())
+def test_arithmetic_neighbourhoods_match_the_definition(n, data):
+    k = data.draw(st.sampled_from([n - 1] + list(range(2, n - 1, 2))))
+    ids = data.draw(st.lists(st.integers(0, 2**64 - 2), min_size=n, max_size=n, unique=True))
+    graph = RingGraph(shuffled_ring(ids), k)
+    u = data.draw(st.sampled_from(ids))
+    p, half = graph.ring.index(u), k // 2
+    offsets = range(1, n) if k == n - 1 else [*range(1, half + 1), *range(-half, 0)]
+    assert graph.neighbours(u) == tuple(graph.ring[(p + o) % n] for o in offsets)
+    assert graph.position(u) == p and u in graph
+    stranger = data.draw(st.integers(0, 2**64 - 1).filter(lambda x: x not in ids))
+    assert stranger not in graph and graph.x_of(u, stranger) == 0 and graph.x_of(stranger, u) == 0
+    assert not graph.is_neighbour(stranger, u)
+    with pytest.raises(KeyError):
+        graph.neighbours(stranger)
+
+
+@pytest.mark.parametrize("ring", [(1, -2, 3), (1, True, 3), (1, 2**64, 3), (1, 2.0, 3), (1, "2", 3)])
+def test_rings_with_ids_that_are_not_u64_integers_are_refused(ring):
+    with pytest.raises(InvalidArgumentError):
+        RingGraph(ring, 2)
