@@ -101,20 +101,35 @@ def build_protocol(
 ) -> fl_core.AggregationProtocol:
     """The aggregation protocol that ``secure.aggregation`` names."""
     s = config.secure
-    if s.aggregation == "masking":
+    return make_protocol(
+        s.aggregation, max_weight=max(len(c) for c in data.clients), n_clients=data.n_clients,
+        fraction=config.train.fraction, rng=rng, clip=s.clip, bits=s.bits, graph=s.graph,
+        threshold=s.threshold, dropout=s.dropout, active=s.active, key_bits=s.key_bits,
+        custody=s.custody)
+
+
+def make_protocol(
+    aggregation: str, *, max_weight: int, n_clients: int, fraction: float,
+    rng: np.random.Generator, clip: float = 1.0, bits: int = 16, graph: str = "complete",
+    threshold: int = 0, dropout: float = 0.0, active: bool = False, key_bits: int = 2048,
+    custody: str = "key_holder",
+) -> fl_core.AggregationProtocol:
+    """The aggregation protocol ``aggregation`` (``none``, ``masking`` or ``paillier``) for
+    ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round."""
+    if aggregation == "masking":
         from protocols.masked import MaskedAggregation
 
         return MaskedAggregation(
-            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
-            graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active)
-    if s.aggregation == "paillier":
+            max_weight=max_weight, rng=rng, clip=clip, bits=bits,
+            graph=graph, threshold=threshold, dropout=dropout, active=active)
+    if aggregation == "paillier":
         from protocols.paillier import PaillierAggregation, default_threshold
 
-        m = fl_core.clients_per_round(config.train.fraction, data.n_clients)
+        m = fl_core.clients_per_round(fraction, n_clients)
         return PaillierAggregation(
-            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
-            threshold=s.threshold or default_threshold(m), dropout=s.dropout,
-            key_bits=s.key_bits, custody=s.custody, parties=range(data.n_clients))
+            max_weight=max_weight, rng=rng, clip=clip, bits=bits,
+            threshold=threshold or default_threshold(m), dropout=dropout,
+            key_bits=key_bits, custody=custody, parties=range(n_clients))
     return fl_core.PlainAggregation()
 
 
