@@ -70,15 +70,14 @@ def build_experiment(
     protocol = build_protocol(config, data, rng)
     n_parameters = sum(p.numel() for p in model.parameters())
     privacy = build_privacy(config, data, protocol, n_parameters)
-    trainer: fl_core.LocalTrainer = fl_core.SGDTrainer(epochs=t.local_epochs,
-                                                       batch_size=t.batch_size, lr=t.lr)
+    trainer: fl_core.LocalTrainer = (
+        fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                             prox_mu=t.prox_mu) if t.algorithm == "fedprox"
+        else fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr))
     if privacy is not None:
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
-    if t.algorithm == "fedavg":
-        strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer)
-    else:
-        strategy = fl_core.FedSGD(lr=t.lr)
+    strategy = build_strategy(config, trainer)
     history = HistoryRecorder()
     extra = [privacy.budget] if privacy is not None else []
     server = fl_core.FederatedServer(
@@ -94,6 +93,17 @@ def build_experiment(
         observers=[history, *extra, *(observers or [])],
     )
     return Experiment(config, data, server, history, privacy)
+
+
+def build_strategy(config: ExperimentConfig, trainer: fl_core.LocalTrainer) -> fl_core.Strategy:
+    """The strategy ``train.algorithm`` names, with the server optimiser of ``train.server_*``."""
+    t = config.train
+    if t.algorithm == "fedsgd":
+        return fl_core.FedSGD(lr=t.lr)
+    optimizer = (None if t.server_optimizer == "sgd" and not t.server_lr else
+                 fl_core.make_server_optimizer(t.server_optimizer, lr=t.server_lr or None))
+    cls = fl_core.FedProx if t.algorithm == "fedprox" else fl_core.FedAvg
+    return cls(trainer=trainer, server_optimizer=optimizer)
 
 
 def build_protocol(
