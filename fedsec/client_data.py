@@ -103,12 +103,12 @@ def check_labels(y: np.ndarray, n_classes: int, who: str) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if bad.size:
             row = int(bad[0])
-            raise ValueError(f"{who}, row {row}: label {y[row]!r} is not an integer (labels must be "
+            raise ValueError(f"{who}, row {row}: label {y[row].item()!r} is not an integer (labels must be "
                              f"class indices in [0, {n_classes}); {bad.size} such row(s))")
     outside = np.flatnonzero((y < 0) | (y >= n_classes))
     if outside.size:
         row = int(outside[0])
-        raise ValueError(f"{who}, row {row}: label {y[row]!r} is outside [0, {n_classes}) (the model "
+        raise ValueError(f"{who}, row {row}: label {y[row].item()!r} is outside [0, {n_classes}) (the model "
                          f"has {n_classes} classes; {outside.size} such row(s))")
     return y.astype(np.int64)
 
