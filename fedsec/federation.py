@@ -240,6 +240,10 @@ class Federation:
         self.server_optimizer_name = server_optimizer
         self.evaluator_metrics = dict(metrics or {})
         self.model = model
+        try:
+            federate_buffers(copy.deepcopy(model), policy=buffers)
+        except ValueError as error:
+            raise ValueError(f"buffers: {error}") from None
         self._load_data(clients, test, label)
         self.evaluator = Evaluator(loss=self.loss, metrics=self.evaluator_metrics,
                                    groups=self.test_groups)
