@@ -392,7 +392,7 @@ class Federation:
         trainer: fl_core.LocalTrainer = self.trainer
         if self.dp is not None:
             privacy = build_privacy_layer(self._settings(), self.data, protocol, n_parameters,
-                                          loss=self.loss)
+                                          loss=self.loss, standardize_off="standardize=False")
             assert privacy is not None
             trainer = privacy.trainer or trainer
             protocol = privacy.protocol or protocol

@@ -71,14 +71,16 @@ def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
 
 def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDataset,
                         protocol: fl_core.AggregationProtocol, n_parameters: int, *,
-                        loss: PerExampleLoss | None = None) -> PrivacySetup | None:
+                        loss: PerExampleLoss | None = None,
+                        standardize_off: str = "data.standardize = false") -> PrivacySetup | None:
     """The privacy layer ``settings`` ask for (None for mode ``none``); ``loss`` is DP-SGD's
-    per-example loss (default: the classification loss)."""
+    per-example loss (default: the classification loss); ``standardize_off`` is how the user turns
+    feature standardisation off, for the note that its statistics carry no noise."""
     setup = _build(settings, data, protocol, n_parameters, loss)
     if setup is not None and data.standardize:
         setup.not_covered.append("feature standardisation statistics (one release of the "
                                  "federation's per-feature mean and spread, without noise; "
-                                 "data.standardize = false avoids it)")
+                                 f"{standardize_off} avoids it)")
     return setup
 
 
