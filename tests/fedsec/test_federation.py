@@ -270,3 +270,12 @@ def test_a_torch_loss_module_is_used_per_example(hospitals):
     result = fedsec.Federation(model=two, clients=clients, test=test, secure=None, rounds=3,
                                loss=nn.CrossEntropyLoss(label_smoothing=0.1)).run()
     assert result.history[-1]["accuracy"] > 0.9 and "auroc" in result.history[-1]
+
+
+def test_a_server_optimizer_is_post_processing_and_costs_no_epsilon(hospitals):
+    clients, test = hospitals
+    dp = fedsec.DP(mode="client", noise_multiplier=2.0, delta=1e-3)
+    runs = [fedsec.Federation(model=_mlp(), clients=clients, test=test, secure=None, dp=dp,
+                              rounds=2, server_optimizer=name).run() for name in ("sgd", "adam")]
+    assert runs[0].epsilon == runs[1].epsilon > 0
+    assert not np.allclose(_vector(runs[0].model), _vector(runs[1].model))
