@@ -367,9 +367,15 @@ class Federation:
                 check_model(self.model)
             except ValueError as error:
                 raise ValueError(f"dp: {error}") from None
-        elif self.fraction < 1.0:
-            raise ValueError("fraction: client-level DP is accounted with every client in every "
-                             "round: needs fraction = 1")
+        else:
+            if self.fraction < 1.0:
+                raise ValueError("fraction: client-level DP is accounted with every client in "
+                                 "every round: needs fraction = 1")
+            clip = self.secure_options.get("clip")
+            if clip is not None and clip < dp.max_grad_norm:
+                raise ValueError(f"secure_options: clip must be >= dp.max_grad_norm = "
+                                 f"{dp.max_grad_norm} (the coordinate range must hold a clipped "
+                                 f"update); got {clip}")
 
     def _settings(self) -> PrivacySettings:
         dp = self.dp

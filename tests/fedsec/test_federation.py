@@ -58,8 +58,9 @@ def test_the_same_seed_gives_the_same_run_and_masking_matches_plain_up_to_quanti
     clients, test = hospitals
     runs = [fedsec.Federation(model=_mlp(), clients=clients, test=test, secure=s, rounds=r,
                               seed=5).run() for s, r in ((None, 3), (None, 3), (None, 1),
-                                                         ("masking", 1))]
+                                                         ("masking", 1), ("masking", 1))]
     np.testing.assert_array_equal(_vector(runs[0].model), _vector(runs[1].model))
+    np.testing.assert_array_equal(_vector(runs[3].model), _vector(runs[4].model))
     # one round: the same local updates; masking adds only 16-bit quantisation (clip 1)
     np.testing.assert_allclose(_vector(runs[3].model), _vector(runs[2].model), atol=1e-4)
 
@@ -233,6 +234,8 @@ def test_callbacks_progress_and_standardisation(hospitals, capsys):
     ({"fraction": 0.0}, "fraction"), ({"secure_options": {"clipp": 1}}, "secure_options"),
     ({"dp": fedsec.DP(noise_multiplier=1.0), "optimizer": "adam"}, "dp: DP-SGD runs plain SGD"),
     ({"dp": fedsec.DP(mode="client", noise_multiplier=1.0), "fraction": 0.5}, "fraction"),
+    ({"dp": fedsec.DP(mode="client", noise_multiplier=1.0, max_grad_norm=2.0),
+      "secure_options": {"clip": 1.0}}, "secure_options: clip must be >= dp.max_grad_norm"),
     ({"loss": lambda out, y: out.mean()}, "loss: must return one loss per example"),
     ({"loss": nn.CrossEntropyLoss()}, "loss: fails"),
     ({"model": "mlp"}, "model"), ({"metrics": {"loss": len}}, "built in"),
