@@ -56,6 +56,8 @@ def _from_frame(frame: Any, label: str | None, who: str) -> tuple[np.ndarray, np
 
 
 def _from_dataset(dataset: torch.utils.data.Dataset, who: str) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2:
+        return _numpy(dataset.tensors[0], who, "x"), _numpy(dataset.tensors[1], who, "y")
     try:
         n = len(dataset)  # type: ignore[arg-type]
     except TypeError:

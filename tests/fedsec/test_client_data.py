@@ -53,8 +53,10 @@ def test_numpy_tensors_lists_and_datasets_train_the_same_model():
     tensors = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in data]
     lists = [(x.tolist(), y.tolist()) for x, y in data]
     datasets = [PairDataset(x, y) for x, y in data]
+    tensor_datasets = [torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+                       for x, y in data]
     float_labels = [(x, y.astype(np.float64)) for x, y in data]  # 1.0 reads as 1, never truncated
-    for form in (tensors, lists, datasets, float_labels):
+    for form in (tensors, lists, datasets, tensor_datasets, float_labels):
         np.testing.assert_allclose(_final(_fed(form)), base, rtol=1e-6, atol=1e-7)
 
 
