@@ -339,10 +339,32 @@ class Federation:
         if self.dp is not None and self.dp.mode == "client":
             options.setdefault("clip", max(1.0, self.dp.max_grad_norm))
         try:
-            self._protocol(secure, options, np.random.default_rng(0))
+            if secure == "masking":
+                self._protocol(secure, options, np.random.default_rng(0))
+            else:  # building a Paillier layer generates its key: check the settings alone
+                self._check_paillier(options, m)
         except (ValueError, TypeError) as error:
             raise ValueError(f"secure_options: {error}") from None
         return secure, options
+
+    @staticmethod
+    def _check_paillier(options: dict[str, Any], m: int) -> None:
+        from protocols.encoding import check_layer_arguments
+        from protocols.paillier.aggregation import CUSTODIES
+
+        masking_only = sorted(set(options) & {"graph", "active"})
+        if masking_only:
+            raise ValueError(f"{masking_only} apply to secure='masking'")
+        check_layer_arguments(max_weight=1, clip=options.get("clip", 1.0),
+                              bits=options.get("bits", 16), dropout=options.get("dropout", 0.0))
+        if options.get("key_bits", 2048) not in (2048, 3072):
+            raise ValueError(f"key_bits must be 2048 or 3072, got {options['key_bits']!r}")
+        if options.get("custody", "key_holder") not in CUSTODIES:
+            raise ValueError(f"custody must be one of {CUSTODIES}, got {options['custody']!r}")
+        threshold = options.get("threshold", 0)
+        if threshold and not 2 <= threshold <= m:
+            raise ValueError(f"threshold must be 0 (the default rule) or in [2, {m}] (clients a "
+                             f"round), got {threshold!r}")
 
     def _protocol(self, secure: Any, options: dict[str, Any], rng: np.random.Generator
                   ) -> fl_core.AggregationProtocol:

@@ -282,3 +282,19 @@ def test_a_server_optimizer_is_post_processing_and_costs_no_epsilon(hospitals):
                               rounds=2, server_optimizer=name).run() for name in ("sgd", "adam")]
     assert runs[0].epsilon == runs[1].epsilon > 0
     assert not np.allclose(_vector(runs[0].model), _vector(runs[1].model))
+
+
+@pytest.mark.parametrize(("secure", "options", "message"), [
+    ("paillier", {"key_bits": 1024}, "key_bits must be 2048 or 3072"),
+    ("paillier", {"threshold": 4}, r"threshold must be 0 \(the default rule\) or in \[2, 3\]"),
+    ("paillier", {"graph": "harary"}, "apply to secure='masking'"),
+    ("paillier", {"custody": "nobody"}, "custody must be one of"),
+    ("masking", {"graph": "ring"}, "graph"),
+    ("masking", {"bits": 0}, "bits"),
+    (None, {"clip": 2.0}, "need secure='masking' or 'paillier'"),
+])
+def test_secure_options_are_checked_before_training(hospitals, secure, options, message):
+    clients, test = hospitals
+    with pytest.raises(ValueError, match=message):
+        fedsec.Federation(model=_mlp(), clients=clients, test=test, secure=secure,
+                          secure_options=options)
