@@ -58,7 +58,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd", choices=("fedavg", "fedsgd"))
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox",
+                          choices=("fedavg", "fedsgd", "fedprox"))
+    prox_mu: float = _opt(0.0, "a number >= 0 (FedProx's mu; > 0 with algorithm = 'fedprox')",
+                          lambda v: v >= 0)
+    server_optimizer: str = _opt("sgd", "one of sgd, momentum, adam, yogi (applied to the "
+                                 "released average)", choices=("sgd", "momentum", "adam", "yogi"))
+    server_lr: float = _opt(0.0, "a number >= 0 (0 = the optimizer's default: 1 for sgd and "
+                                 "momentum, 0.01 for adam and yogi)", lambda v: v >= 0)
     local_epochs: int = _opt(1, "an integer >= 1 (E)", lambda v: v >= 1)
     batch_size: int = _opt(16, "an integer >= 0 (B; 0 = the full local batch)", lambda v: v >= 0)
     lr: float = _opt(0.1, "a number > 0", _positive)
@@ -286,6 +293,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
         elif secure.threshold > m:
             raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
+    _check_algorithm(config)
     _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -311,6 +319,22 @@ def _check_combinations(config: ExperimentConfig) -> None:
                                                     f"{data.clients * data.shards_per_client}")
 
 
+def _check_algorithm(config: ExperimentConfig) -> None:
+    t = config.train
+    if t.algorithm == "fedprox" and t.prox_mu == 0:
+        raise ConfigError("train.prox_mu", "must be > 0 with train.algorithm = 'fedprox'")
+    if t.algorithm != "fedprox" and t.prox_mu:
+        raise ConfigError("train.prox_mu", "needs train.algorithm = 'fedprox'")
+    if t.algorithm == "fedsgd":
+        for key, default in (("server_optimizer", "sgd"), ("server_lr", 0.0)):
+            if getattr(t, key) != default:
+                raise ConfigError(f"train.{key}", "needs train.algorithm = 'fedavg' or 'fedprox' "
+                                                  "(fedsgd steps with train.lr)")
+    if t.algorithm == "fedprox" and config.dp.mode == "dpsgd":
+        raise ConfigError("train.algorithm", "'fedprox' with dp.mode = 'dpsgd' is not supported "
+                                             "(DP-SGD has no proximal term): use 'fedavg'")
+
+
 def _check_privacy(config: ExperimentConfig) -> None:
     dp, train, secure = config.dp, config.train, config.secure
     if dp.mode == "none":
@@ -323,7 +347,7 @@ def _check_privacy(config: ExperimentConfig) -> None:
     if dp.noise_multiplier == 0 and dp.target_epsilon == 0:
         raise ConfigError("dp.target_epsilon", "give dp.target_epsilon (noise calibrated to spend "
                                                "it over `rounds`) or dp.noise_multiplier, or both")
-    if dp.mode == "dpsgd" and train.algorithm != "fedavg":
+    if dp.mode == "dpsgd" and train.algorithm == "fedsgd":
         raise ConfigError("train.algorithm", "DP-SGD trains locally: needs 'fedavg'")
     if dp.sample_rate > 0 and dp.mode != "dpsgd":
         raise ConfigError("dp.sample_rate", "needs dp.mode = 'dpsgd' (client-level DP samples no "

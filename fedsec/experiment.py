@@ -70,16 +70,15 @@ def build_experiment(
     protocol = build_protocol(config, data, rng)
     n_parameters = sum(p.numel() for p in model.parameters())
     privacy = build_privacy(config, data, protocol, n_parameters)
-    trainer: fl_core.LocalTrainer = fl_core.SGDTrainer(epochs=t.local_epochs,
-                                                       batch_size=t.batch_size, lr=t.lr)
+    trainer: fl_core.LocalTrainer = (
+        fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                             prox_mu=t.prox_mu) if t.algorithm == "fedprox"
+        else fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr))
     if privacy is not None:
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
-    if t.algorithm == "fedavg":
-        weighting = privacy.weighting if privacy is not None else "samples"
-        strategy: fl_core.Strategy = fl_core.FedAvg(trainer=trainer, weighting=weighting)
-    else:
-        strategy = fl_core.FedSGD(lr=t.lr)
+    weighting = privacy.weighting if privacy is not None else "samples"
+    strategy = build_strategy(config, trainer, weighting=weighting)
     if privacy is not None and privacy.zero_on_failure:
         strategy = fl_core.ZeroOnFailure(strategy)
     history = HistoryRecorder()
@@ -99,25 +98,53 @@ def build_experiment(
     return Experiment(config, data, server, history, privacy)
 
 
+def build_strategy(config: ExperimentConfig, trainer: fl_core.LocalTrainer, *,
+                   weighting: str = "samples") -> fl_core.Strategy:
+    """The strategy ``train.algorithm`` names, with the server optimiser of ``train.server_*``;
+    ``weighting`` is FedAvg's (``samples``: n_k, ``equal``: 1)."""
+    t = config.train
+    if t.algorithm == "fedsgd":
+        return fl_core.FedSGD(lr=t.lr)
+    optimizer = (None if t.server_optimizer == "sgd" and not t.server_lr else
+                 fl_core.make_server_optimizer(t.server_optimizer, lr=t.server_lr or None))
+    cls = fl_core.FedProx if t.algorithm == "fedprox" else fl_core.FedAvg
+    return cls(trainer=trainer, server_optimizer=optimizer, weighting=weighting)
+
+
 def build_protocol(
     config: ExperimentConfig, data: fl_core.FederatedDataset, rng: np.random.Generator
 ) -> fl_core.AggregationProtocol:
     """The aggregation protocol that ``secure.aggregation`` names."""
     s = config.secure
-    if s.aggregation == "masking":
+    return make_protocol(
+        s.aggregation, max_weight=max(len(c) for c in data.clients), n_clients=data.n_clients,
+        fraction=config.train.fraction, rng=rng, clip=s.clip, bits=s.bits, graph=s.graph,
+        threshold=s.threshold, dropout=s.dropout, active=s.active, key_bits=s.key_bits,
+        custody=s.custody)
+
+
+def make_protocol(
+    aggregation: str, *, max_weight: int, n_clients: int, fraction: float,
+    rng: np.random.Generator, clip: float = 1.0, bits: int = 16, graph: str = "complete",
+    threshold: int = 0, dropout: float = 0.0, active: bool = False, key_bits: int = 2048,
+    custody: str = "key_holder",
+) -> fl_core.AggregationProtocol:
+    """The aggregation protocol ``aggregation`` (``none``, ``masking`` or ``paillier``) for
+    ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round."""
+    if aggregation == "masking":
         from protocols.masked import MaskedAggregation
 
         return MaskedAggregation(
-            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
-            graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active)
-    if s.aggregation == "paillier":
+            max_weight=max_weight, rng=rng, clip=clip, bits=bits,
+            graph=graph, threshold=threshold, dropout=dropout, active=active)
+    if aggregation == "paillier":
         from protocols.paillier import PaillierAggregation, default_threshold
 
-        m = fl_core.clients_per_round(config.train.fraction, data.n_clients)
+        m = fl_core.clients_per_round(fraction, n_clients)
         return PaillierAggregation(
-            max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
-            threshold=s.threshold or default_threshold(m), dropout=s.dropout,
-            key_bits=s.key_bits, custody=s.custody, parties=range(data.n_clients))
+            max_weight=max_weight, rng=rng, clip=clip, bits=bits,
+            threshold=threshold or default_threshold(m), dropout=dropout,
+            key_bits=key_bits, custody=custody, parties=range(n_clients))
     return fl_core.PlainAggregation()
 
 

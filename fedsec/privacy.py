@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import fl_core
 from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
-from dp.ledger import Event, GaussianEvent, with_steps
+from dp.ledger import with_steps
 from fedsec.config import ExperimentConfig
+from fl_core.local import PerExampleLoss
 from protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
 from protocols.privacy.trainer import FULL_BATCH
 
@@ -77,26 +78,74 @@ WEIGHT_BOUND = ("the secure layer's public weight bound max_weight, set to the l
                 "size n_k (it sizes the words of the sum)")
 
 
-def _random(config: ExperimentConfig, purpose: str) -> SecureRandom:
-    if config.dp.reproducible:
-        return SecureRandom.from_seed(config.seed, purpose)
+@dataclass(frozen=True)
+class PrivacySettings:
+    """The privacy-relevant settings of a run, whether they come from a TOML file or the library.
+
+    ``batch_size`` 0 means the full local batch; ``noise_multiplier`` 0 means calibrated from
+    ``target_epsilon`` over ``rounds``.
+    """
+
+    mode: str
+    noise_multiplier: float
+    max_grad_norm: float
+    target_epsilon: float
+    delta: float
+    accountant: str
+    reproducible: bool
+    seed: int
+    rounds: int
+    batch_size: int
+    local_epochs: int
+    lr: float
+    weights: str = "samples"
+    """FedAvg weighting under DP-SGD: ``samples`` (n_k, sizes public) or ``equal`` (1, with a
+    fixed ``sample_rate``, so sizes enter only through the mechanism)."""
+    sample_rate: float = 0.0
+    """A fixed Poisson rate q for every client (0: q = B / n_k)."""
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig) -> PrivacySettings:
+        p, t = config.dp, config.train
+        return cls(mode=p.mode, noise_multiplier=p.noise_multiplier, max_grad_norm=p.max_grad_norm,
+                   target_epsilon=p.target_epsilon, delta=p.delta, accountant=p.accountant,
+                   reproducible=p.reproducible, seed=config.seed, rounds=config.rounds,
+                   batch_size=t.batch_size, local_epochs=t.local_epochs, lr=t.lr,
+                   weights=p.weights, sample_rate=p.sample_rate)
+
+
+def _random(s: PrivacySettings, purpose: str) -> SecureRandom:
+    if s.reproducible:
+        return SecureRandom.from_seed(s.seed, purpose)
     return SecureRandom()
 
 
 def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
                   protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
     """The privacy layer the configuration asks for, with the noise calibrated if needed."""
-    setup = _build(config, data, protocol, n_parameters)
+    return build_privacy_layer(PrivacySettings.from_config(config), data, protocol, n_parameters,
+                               secure=config.secure.aggregation != "none")
+
+
+def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDataset,
+                        protocol: fl_core.AggregationProtocol, n_parameters: int, *,
+                        loss: PerExampleLoss | None = None, secure: bool = True,
+                        standardize_off: str = "data.standardize = false") -> PrivacySetup | None:
+    """The privacy layer ``settings`` ask for (None for mode ``none``); ``loss`` is DP-SGD's
+    per-example loss (default: the classification loss); ``secure`` says whether a secure layer
+    (masking, Paillier) carries the updates; ``standardize_off`` is how the user turns feature
+    standardisation off, for the note that its statistics carry no noise."""
+    setup = _build(settings, data, protocol, n_parameters, loss)
     if setup is None:
         return None
     setup.withheld["train_loss"] = WITHHELD_LOSS
     if data.standardize:
         setup.not_covered.append("feature standardisation statistics (one release of the "
                                  "federation's per-feature mean and spread, without noise; "
-                                 "data.standardize = false avoids it)")
+                                 f"{standardize_off} avoids it)")
     if setup.unit == "example" and setup.weighting == "samples":
         setup.not_covered.append(SIZES)
-    if config.secure.aggregation != "none":
+    if secure:
         setup.not_covered.append(WEIGHT_BOUND)
     setup.not_covered.append(TIMING)
     if not setup.zero_on_failure:
@@ -104,54 +153,50 @@ def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
     return setup
 
 
-def _build(config: ExperimentConfig, data: fl_core.FederatedDataset,
-           protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
-    p, t = config.dp, config.train
-    if p.mode == "none":
+def _build(s: PrivacySettings, data: fl_core.FederatedDataset,
+           protocol: fl_core.AggregationProtocol, n_parameters: int,
+           loss: PerExampleLoss | None) -> PrivacySetup | None:
+    if s.mode == "none":
         return None
-    if p.mode == "dpsgd":
-        fixed = p.sample_rate or None
+    if s.mode == "dpsgd":
+        fixed = s.sample_rate or None
         sizes = sorted({len(c) for c in data.clients})
-        probe = DPSGD(noise_multiplier=0.0, max_grad_norm=p.max_grad_norm,
-                      batch_size=t.batch_size or FULL_BATCH, epochs=t.local_epochs, lr=t.lr,
-                      sample_rate=fixed)
-        rates = [probe.sample_rate(n) for n in sizes]
-        steps = [probe.steps(n) for n in sizes]
-        sigma = p.noise_multiplier or noise_multiplier_for(
-            target_epsilon=p.target_epsilon, delta=p.delta, sample_rates=rates,
-            steps=[config.rounds * s for s in steps], mechanism=p.accountant)
-        trainer = DPSGDTrainer(DPSGD(noise_multiplier=sigma, max_grad_norm=p.max_grad_norm,
-                                     batch_size=t.batch_size or FULL_BATCH, epochs=t.local_epochs,
-                                     lr=t.lr, random=_random(config, "dpsgd"), sample_rate=fixed))
-        profiles = [[GaussianEvent(sigma, q, s)] for q, s in zip(rates, steps, strict=True)]
-        equal = p.weights == "equal"
-        return PrivacySetup("example", sigma, _budget(config, profiles, sigma), trainer=trainer,
-                            weighting=p.weights,
+        probe = DPSGDTrainer(DPSGD(noise_multiplier=0.0, max_grad_norm=s.max_grad_norm,
+                                   batch_size=s.batch_size or FULL_BATCH, epochs=s.local_epochs,
+                                   lr=s.lr, sample_rate=fixed))
+        rates = [probe.profile(n)[0] for n in sizes]
+        steps = [probe.profile(n)[1] for n in sizes]
+        sigma = s.noise_multiplier or noise_multiplier_for(
+            target_epsilon=s.target_epsilon, delta=s.delta, sample_rates=rates,
+            steps=[s.rounds * t for t in steps], mechanism=s.accountant)
+        trainer = DPSGDTrainer(DPSGD(noise_multiplier=sigma, max_grad_norm=s.max_grad_norm,
+                                     batch_size=s.batch_size or FULL_BATCH, epochs=s.local_epochs,
+                                     lr=s.lr, random=_random(s, "dpsgd"), sample_rate=fixed),
+                               loss=loss)
+        budget = PrivacyBudget.for_trainer(trainer, sizes, delta=s.delta,
+                                           target_epsilon=s.target_epsilon, accountant=s.accountant)
+        equal = s.weights == "equal"
+        return PrivacySetup("example", sigma, budget, trainer=trainer, weighting=s.weights,
                             unit_definition=UNIT_EXAMPLE_SIZES_COVERED if equal
                             else UNIT_EXAMPLE_SIZES_PUBLIC)
-    sigma = p.noise_multiplier
-    probe = ClientLevelDP(protocol, clip_norm=p.max_grad_norm, noise_multiplier=1.0,
-                          random=SecureRandom(b"\x00" * 32))
+    sigma = s.noise_multiplier
+    probe_dp = ClientLevelDP(protocol, clip_norm=s.max_grad_norm, noise_multiplier=1.0,
+                             random=SecureRandom(b"\x00" * 32))
     if not sigma:
         def epsilon_of(z: float) -> float:
-            probe.noise_multiplier = z
-            return Accountant(p.accountant).get_epsilon(
-                p.delta, events=[with_steps(e, e.steps * config.rounds)
-                        for e in probe.round_events(n_parameters)])
+            probe_dp.noise_multiplier = z
+            return Accountant(s.accountant).get_epsilon(
+                s.delta, events=[with_steps(e, e.steps * s.rounds)
+                        for e in probe_dp.round_events(n_parameters)])
 
-        sigma = (noise_multiplier_for(target_epsilon=p.target_epsilon, delta=p.delta,
-                                      sample_rates=[1.0], steps=[config.rounds],
-                                      mechanism=p.accountant)
-                 if probe.central else smallest_noise(epsilon_of, p.target_epsilon))
-    wrapped = ClientLevelDP(protocol, clip_norm=p.max_grad_norm, noise_multiplier=sigma,
-                            random=_random(config, "client"))
-    return PrivacySetup("client", sigma, _budget(config, [wrapped.round_events(n_parameters)], sigma),
-                        protocol=wrapped, weighting="equal", unit_definition=UNIT_CLIENT,
-                        zero_on_failure=True)
-
-
-def _budget(config: ExperimentConfig, profiles: list[list[Event]], sigma: float) -> PrivacyBudget:
-    unit = "example" if config.dp.mode == "dpsgd" else "client"
-    return PrivacyBudget(profiles=profiles, delta=config.dp.delta,
-                         target_epsilon=config.dp.target_epsilon, accountant=config.dp.accountant,
-                         unit=unit, noise_multiplier=sigma)
+        sigma = (noise_multiplier_for(target_epsilon=s.target_epsilon, delta=s.delta,
+                                      sample_rates=[1.0], steps=[s.rounds],
+                                      mechanism=s.accountant)
+                 if probe_dp.central else smallest_noise(epsilon_of, s.target_epsilon))
+    wrapped = ClientLevelDP(protocol, clip_norm=s.max_grad_norm, noise_multiplier=sigma,
+                            random=_random(s, "client"))
+    budget = PrivacyBudget(profiles=[wrapped.round_events(n_parameters)], delta=s.delta,
+                           target_epsilon=s.target_epsilon, accountant=s.accountant,
+                           unit="client", noise_multiplier=sigma)
+    return PrivacySetup("client", sigma, budget, protocol=wrapped, weighting="equal",
+                        unit_definition=UNIT_CLIENT, zero_on_failure=True)

@@ -9,8 +9,10 @@ from fl_core.aggregation import (
     ClientUpdate,
     PlainAggregation,
 )
+from fl_core.buffers import federate_buffers, restore_buffers
 from fl_core.client import (
     FedAvg,
+    FedProx,
     FedSGD,
     LocalResult,
     LocalTrainer,
@@ -29,10 +31,21 @@ from fl_core.errors import (
     TooFewClientsError,
 )
 from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
+from fl_core.local import TorchTrainer
+from fl_core.metrics import Evaluator
 from fl_core.models import MODEL_NAMES, build_model, evaluate
 from fl_core.parameters import ParameterLayout, get_vector, set_vector
 from fl_core.partition import PARTITION_SCHEMES, partition_indices
 from fl_core.server import FederatedServer, clients_per_round
+from fl_core.server_optimizers import (
+    SERVER_OPTIMIZERS,
+    ServerAdam,
+    ServerMomentum,
+    ServerOptimizer,
+    ServerSGD,
+    ServerYogi,
+    make_server_optimizer,
+)
 
 __all__ = [
     "AggregateResult",
@@ -41,8 +54,10 @@ __all__ = [
     "ArrayDataset",
     "ClientUpdate",
     "DATASET_NAMES",
+    "Evaluator",
     "FLError",
     "FedAvg",
+    "FedProx",
     "FedSGD",
     "FederatedDataset",
     "FederatedServer",
@@ -57,17 +72,27 @@ __all__ = [
     "PlainAggregation",
     "RoundObserver",
     "RoundRecord",
+    "SERVER_OPTIMIZERS",
+    "ServerAdam",
+    "ServerMomentum",
+    "ServerOptimizer",
+    "ServerSGD",
+    "ServerYogi",
     "SGDTrainer",
     "ShapeMismatchError",
     "Strategy",
     "TooFewClientsError",
+    "TorchTrainer",
     "TrainingResult",
     "ZeroOnFailure",
     "build_model",
     "clients_per_round",
     "evaluate",
+    "federate_buffers",
     "get_vector",
     "load_federated",
+    "make_server_optimizer",
     "partition_indices",
+    "restore_buffers",
     "set_vector",
 ]

@@ -18,6 +18,7 @@ from fl_core.data import ArrayDataset
 from fl_core.errors import InvalidParameterError, NonFiniteError
 from fl_core.models import classification_loss
 from fl_core.parameters import get_vector, set_vector
+from fl_core.server_optimizers import ServerOptimizer
 
 
 @dataclass(frozen=True)
@@ -124,18 +125,23 @@ class FedAvg(Strategy):
         server_lr: step applied to the averaged delta, > 0 (1 = plain model averaging).
         weighting: ``samples`` (weight n_k, McMahan et al.) or ``equal`` (weight 1 for every
             client, so nothing the client sends depends on its size).
+        server_optimizer: what turns the averaged delta into the next model (see
+            :mod:`fl_core.server_optimizers`); None = SGD with ``server_lr``.
     """
 
     name = "fedavg"
     WEIGHTINGS = ("samples", "equal")
 
     def __init__(self, *, trainer: LocalTrainer, server_lr: float = 1.0,
-                 weighting: str = "samples") -> None:
+                 weighting: str = "samples", server_optimizer: ServerOptimizer | None = None) -> None:
         if not server_lr > 0:
             raise InvalidParameterError(f"server_lr must be > 0, got {server_lr}")
         if weighting not in self.WEIGHTINGS:
             raise InvalidParameterError(f"weighting must be one of {self.WEIGHTINGS}, got {weighting!r}")
+        if server_optimizer is not None and server_lr != 1.0:
+            raise InvalidParameterError("give server_lr to the server_optimizer, not to FedAvg")
         self.trainer, self.server_lr, self.weighting = trainer, server_lr, weighting
+        self.server_optimizer = server_optimizer
 
     def client_update(
         self,
@@ -151,7 +157,34 @@ class FedAvg(Strategy):
         return LocalResult(delta, 1.0 if self.weighting == "equal" else float(len(data)), loss)
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
+        if self.server_optimizer is not None:
+            return self.server_optimizer.step(global_vector, average)
         return (global_vector + np.float32(self.server_lr) * average).astype(np.float32)
+
+
+class FedProx(FedAvg):
+    """FedProx (Li et al. 2020): FedAvg whose clients minimise loss + (mu / 2) ||w - w_global||^2.
+
+    Args:
+        trainer: a trainer with a proximal term (``prox_mu`` attribute, e.g.
+            :class:`fl_core.local.TorchTrainer`), whose ``prox_mu`` must be > 0.
+        server_lr, weighting, server_optimizer: as for :class:`FedAvg`.
+    """
+
+    name = "fedprox"
+
+    def __init__(self, *, trainer: LocalTrainer, server_lr: float = 1.0, weighting: str = "samples",
+                 server_optimizer: ServerOptimizer | None = None) -> None:
+        mu = getattr(trainer, "prox_mu", None)
+        if mu is None:
+            raise InvalidParameterError(
+                f"FedProx needs a local trainer with a proximal term; {type(trainer).__name__} "
+                "has none")
+        if not mu > 0:
+            raise InvalidParameterError(f"FedProx needs prox_mu > 0, got {mu}")
+        super().__init__(trainer=trainer, server_lr=server_lr, weighting=weighting,
+                         server_optimizer=server_optimizer)
+        self.mu = float(mu)
 
 
 class FedSGD(Strategy):

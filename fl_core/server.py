@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from torch import nn
 
 from fl_core.aggregation import AggregationProtocol, ClientUpdate
 from fl_core.client import Strategy
-from fl_core.data import FederatedDataset
+from fl_core.data import ArrayDataset, FederatedDataset
 from fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
 from fl_core.history import RoundObserver, RoundRecord, TrainingResult
 from fl_core.models import evaluate
@@ -38,6 +38,9 @@ class FederatedServer:
         stop_tol: stop once the global update's L2 norm falls below it; 0 = never.
         observers: round observers, called in order (history, accountant, audit, progress).
         max_consecutive_aborts: stop after this many rounds in a row without a sum, >= 1.
+        evaluator: ``(model, test) -> {"accuracy", "loss", ...}`` after every round (e.g.
+            :class:`fl_core.metrics.Evaluator`); its other values go to the round's metrics.
+            None = accuracy and loss of :func:`fl_core.models.evaluate`.
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class FederatedServer:
         stop_tol: float = 0.0,
         observers: Sequence[RoundObserver] = (),
         max_consecutive_aborts: int = 3,
+        evaluator: Callable[[nn.Module, ArrayDataset], dict[str, float]] | None = None,
     ) -> None:
         if rounds < 1:
             raise InvalidParameterError(f"rounds must be >= 1, got {rounds}")
@@ -79,6 +83,7 @@ class FederatedServer:
         self.observers = list(observers)
         self.max_consecutive_aborts = max_consecutive_aborts
         self.setup_upload_bytes = 0
+        self.evaluator = evaluator
 
     def prepare_data(self) -> None:
         """Standardise features with federation-wide statistics if the data set asks for it."""
@@ -158,7 +163,12 @@ class FederatedServer:
             upload = aggregate.upload_bytes
             metrics.update(aggregate.metrics)
         set_vector(self.model, vector)
-        accuracy, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
+        if self.evaluator is None:
+            accuracy, loss = evaluate(self.model, self.data.test.x, self.data.test.y)
+        else:
+            scores = dict(self.evaluator(self.model, self.data.test))
+            accuracy, loss = scores.pop("accuracy"), scores.pop("loss")
+            metrics.update(scores)
         record = RoundRecord(
             round=round_index,
             accuracy=accuracy,

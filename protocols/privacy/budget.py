@@ -15,11 +15,13 @@ adds to the round's metrics: ``privacy_unit``, ``epsilon`` (the configured accou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from dp import Accountant
-from dp.ledger import Event
+from dp.errors import DPError
+from dp.ledger import Event, GaussianEvent
 from fl_core.history import RoundObserver, RoundRecord
+from protocols.privacy.trainer import DPSGDTrainer
 
 UNITS = ("example", "client")
 """What one epsilon protects, i.e. how neighbouring runs differ:
@@ -30,6 +32,10 @@ UNITS = ("example", "client")
   when sizes enter nothing but the mechanism (docs/privacy.md, section 1).
 - ``client``: one client's whole update replaced by zero; who takes part is public.
 """
+
+
+class AccountingMismatch(DPError):
+    """The trainer spent something the budget was not built for (its epsilon would be wrong)."""
 
 
 class PrivacyBudget(RoundObserver):
@@ -56,6 +62,36 @@ class PrivacyBudget(RoundObserver):
         self.noise_multiplier = noise_multiplier
         self.spent = 0.0
         self.stopped: str | None = None
+        self.trainer: DPSGDTrainer | None = None
+
+    @classmethod
+    def for_trainer(cls, trainer: DPSGDTrainer, client_sizes: Iterable[int], *, delta: float,
+                    target_epsilon: float, accountant: str) -> PrivacyBudget:
+        """The example-level budget of ``trainer`` on clients of ``client_sizes`` examples.
+
+        The profiles are the trainer's own :meth:`DPSGDTrainer.events`, and after every round the
+        budget checks that each client's training spent exactly one of them (its reports), so a
+        budget cannot account for one batch size, noise or epoch count while training runs
+        with another: a mismatch raises :class:`AccountingMismatch`.
+        """
+        budget = cls(profiles=[trainer.events(n) for n in sorted(set(client_sizes))], delta=delta,
+                     target_epsilon=target_epsilon, accountant=accountant, unit="example",
+                     noise_multiplier=trainer.optimizer.noise_multiplier)
+        budget.trainer = trainer
+        trainer.take_reports()
+        return budget
+
+    def _check_reports(self) -> None:
+        if self.trainer is None:
+            return
+        known = {(e.noise_multiplier, e.sample_rate, e.steps) for p in self.profiles for e in p
+                 if isinstance(e, GaussianEvent)}
+        for report in self.trainer.take_reports():
+            if report not in known:
+                sigma, q, steps = report
+                raise AccountingMismatch(
+                    f"a client trained with noise multiplier {sigma}, sampling rate {q} and "
+                    f"{steps} steps, which this budget does not account for")
 
     def _worst(self, extra: bool = False) -> tuple[float, int]:
         values = [a.epsilon_after(self.delta, *p) if extra else a.get_epsilon(self.delta)
@@ -78,6 +114,7 @@ class PrivacyBudget(RoundObserver):
         return None
 
     def after_round(self, record: RoundRecord) -> None:
+        self._check_reports()
         if record.status == "ok":
             for a, profile in zip(self.accountants, self.profiles, strict=True):
                 for event in profile:
