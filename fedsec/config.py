@@ -252,6 +252,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return make_config(values)
 
 
+MIN_MASKING_CLIENTS = 3
+"""Pairwise masking recovers a dropout from t >= 2 of a client's k = m - 1 neighbours' shares."""
+
+
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
@@ -272,6 +276,12 @@ def _check_combinations(config: ExperimentConfig) -> None:
                                                 f"{data.clients} clients x {config.train.fraction} "
                                                 f"gives {m}")
         if secure.aggregation == "masking":
+            if m < MIN_MASKING_CLIENTS:
+                key = "data.clients" if data.clients < MIN_MASKING_CLIENTS else "train.fraction"
+                raise ConfigError(key, f"masking needs >= {MIN_MASKING_CLIENTS} clients a round (with "
+                                       f"2, a Shamir threshold >= 2 exceeds the 1 share holder); "
+                                       f"{data.clients} x {config.train.fraction} gives {m}: use "
+                                       f"secure.aggregation = 'paillier' or add clients")
             if secure.threshold > m - 1:
                 raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
                                                       f"got {secure.threshold}")

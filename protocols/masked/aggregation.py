@@ -93,8 +93,9 @@ class MaskedAggregation(AggregationProtocol):
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         valid, rejected = validate_updates(updates, self.max_weight)
-        if len(valid) < 2:
-            raise ProtocolAbort(f"secure aggregation needs at least 2 valid clients, got {len(valid)}")
+        if len(valid) < 3:
+            raise ProtocolAbort(f"masking needs at least 3 valid clients (a threshold >= 2 of their "
+                                f"neighbours), got {len(valid)}")
         n = len(valid)
         noise = self.client_noise if purpose == "update" else None
         encoder = encoder_for(purpose, clients=n, length=int(valid[0].vector.size),
