@@ -10,6 +10,7 @@ import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from fedsec.config import ExperimentConfig  # noqa: E402
 from fl_core.history import RoundRecord  # noqa: E402
@@ -27,9 +28,27 @@ def plot_metric(
 ) -> None:
     """Plot ``metric`` (a RoundRecord attribute or a ``metrics`` key) per round into ``path``.
 
-    Aborted rounds (no sum released, model unchanged) are marked with a red cross on the curve and
-    a shaded band; ``target`` is drawn as a dashed line labelled ``target_label``.
+    The PNG carries the title and the aborted rounds as text metadata (``Title``, ``Description``).
     """
+    fig = metric_figure(records, metric=metric, title=title, ylabel=ylabel, target=target,
+                        target_label=target_label)
+    aborted = ",".join(str(r.round) for r in records if r.status != "ok") or "none"
+    fig.savefig(path, metadata={"Title": title, "Description": f"aborted rounds: {aborted}"})
+    plt.close(fig)
+
+
+def metric_figure(
+    records: Sequence[RoundRecord],
+    *,
+    metric: str,
+    title: str,
+    ylabel: str,
+    target: float | None = None,
+    target_label: str = "target",
+) -> Figure:
+    """The figure of :func:`plot_metric`: aborted rounds (no sum released, model unchanged) get a
+    red cross on the curve and a shaded band; ``target`` is a dashed line labelled
+    ``target_label``."""
     rounds = [r.round for r in records]
     values = [_value(r, metric) for r in records]
     fig, ax = plt.subplots(figsize=(6, 4.2), dpi=100)
@@ -50,8 +69,7 @@ def plot_metric(
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def _value(record: RoundRecord, metric: str) -> float:
