@@ -208,7 +208,7 @@ def make_config(values: Mapping[str, Any] | None = None) -> ExperimentConfig:
     for key, value in (values or {}).items():
         if key not in keys:
             close = difflib.get_close_matches(key, keys, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see the config reference in README.md"
+            hint = f"did you mean {close[0]!r}?" if close else "see docs/configuration.md"
             raise ConfigError(key, f"unknown key ({hint})")
         kind, f = keys[key]
         value = _coerce(key, kind, value)

@@ -100,9 +100,10 @@ def _write(config: ExperimentConfig, rows: list[dict[str, Any]], baseline: list[
                        statistics.pstdev(accs)))
     base = statistics.fmean(baseline)
     d = config.data
+    settings = privacy_label(replace(config, dp=replace(config.dp, target_epsilon=0.0)), None)
     plot_tradeoff(points, path=out_dir / "sweep.png", baseline=base,
                   title=f"{d.dataset}, {d.clients} clients, {config.model.name}, {len(seeds)} "
-                        f"seeds\n{privacy_label(replace(config, dp=replace(config.dp, target_epsilon=0.0)), None)}")
+                        f"seeds\n{settings}")
     (out_dir / "config.toml").write_text(config.to_toml())
     return {"points": [{"epsilon": e, "accuracy": a, "std": s} for e, a, s in points],
             "baseline_accuracy": base, "runs": len(rows) - len(seeds)}
