@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from fedsec.config import ExperimentConfig  # noqa: E402
 from fl_core.history import RoundRecord  # noqa: E402
+
+TITLE_WIDTH = 68
+"""Characters per title line; longer lines are wrapped."""
 
 
 def plot_metric(
@@ -65,8 +69,10 @@ def metric_figure(
     if target or aborted:
         ax.legend(loc="best")
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.fill(line, TITLE_WIDTH) for line in title.split("\n")),
+                 fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
