@@ -6,9 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fl_core
 from fedsec.cli import main
+from fl_core.aggregation import ClientUpdate
+from protocols.errors import ProtocolAbort
+from protocols.masked import MaskedAggregation
 
 FAST = ["--set", "rounds=2", "--quiet"]
 
@@ -153,3 +158,33 @@ def test_sweep_refuses_a_non_empty_out(tmp_path, capsys):
     assert main(["sweep", "--out", str(out), "--quiet", "--epsilons", "1", "--seeds", "0",
                  "--set", "rounds=2"]) == 2
     assert "--force" in _one_line_error(capsys) and (out / "sweep.csv").read_text() == "old"
+
+
+BAD = {
+    "nan": lambda v: np.full_like(v, np.nan),
+    "inf": lambda v: np.full_like(v, np.inf),
+    "shape": lambda v: np.zeros(v.size + 1, np.float32),
+}
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(3, 5), lies=st.lists(st.sampled_from(sorted(BAD)), max_size=5),
+       seed=st.integers(0, 2**16))
+def test_lying_clients_cause_an_exact_sum_or_a_typed_abort(n, lies, seed):
+    """Adversary: any subset of the n clients sends NaN, infinite or misshapen updates; the honest
+    masking server either releases the valid clients' exact average or aborts with ProtocolAbort."""
+    rng = np.random.default_rng(seed)
+    honest = [rng.uniform(-0.5, 0.5, 6).astype(np.float32) for _ in range(n)]
+    liars = rng.choice(n, size=min(len(lies), n), replace=False).tolist()
+    updates = [ClientUpdate(i, BAD[lies[liars.index(i)]](v) if i in liars else v, float(1 + i))
+               for i, v in enumerate(honest)]
+    protocol = MaskedAggregation(max_weight=8, rng=np.random.default_rng(seed))
+    valid = [i for i in range(n) if i not in liars]
+    try:
+        result = protocol.aggregate(1, updates)
+    except ProtocolAbort:
+        assert len(valid) < 3
+        return
+    assert sorted(result.participants) == valid and result.metrics["rejected"] == len(liars)
+    expected = sum((1 + i) * honest[i].astype(np.float64) for i in valid) / sum(1 + i for i in valid)
+    np.testing.assert_allclose(result.average(), expected, atol=1e-3)
