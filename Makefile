@@ -1,9 +1,10 @@
-# Quickstart: `make run` (default experiment into runs/demo) and `make test` (whole suite).
+# Quickstart: `make run` (default experiment into runs/demo) and `make test` (whole suite);
+# `make docs` builds the documentation and API reference into site/.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean
+.PHONY: run test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +17,18 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@ $(VENV)/.installed
+
 run: $(VENV)/.installed
-	$(BIN)/fedsec run --out runs/demo
+	$(BIN)/fedsec run --out runs/demo --force
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs site .pytest_cache .hypothesis

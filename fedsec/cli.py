@@ -5,31 +5,52 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-from fedsec.config import load_config
+from dp.errors import DPError
+from fedsec import __version__
+from fedsec.config import ExperimentConfig, load_config
 from fedsec.errors import ConfigError
 from fl_core.errors import FLError
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+def default_run_text() -> str:
+    """The built-in default run in words, read from the defaults themselves."""
+    c = ExperimentConfig()
+    return (f"Without CONFIG: {c.data.clients} hospitals, {c.data.dataset.replace('_', '-')} data, "
+            f"{c.model.name}, {c.train.algorithm}, {c.rounds} rounds, with pairwise-mask secure "
+            f"aggregation (secure.aggregation = {c.secure.aggregation!r}) and DP-SGD spending at "
+            f"most epsilon {c.dp.target_epsilon:g} at delta {c.dp.delta:g} (dp.mode = "
+            f"{c.dp.mode!r}).")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedsec", description="Federated learning whose server learns only the average."
     )
+    parser.add_argument("--version", action="version", version=f"fedsec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run",
         help="run one experiment",
-        description="Run one experiment. Without CONFIG: four hospitals, breast cancer, "
-        "logistic regression, FedAvg, 20 rounds.",
+        description=f"Run one experiment. {default_run_text()} Nothing is saved unless --out DIR "
+        "is given; the result line is printed either way. Exit codes: 0 done, 1 failed while "
+        "running, 2 bad configuration or argument (nothing written), 130 interrupted.",
     )
     run.add_argument("config", nargs="?", help="experiment TOML file (default: built-in)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override one config key, e.g. --set train.lr=0.05 (repeatable)")
-    run.add_argument("--out", metavar="DIR", help="write the run directory here")
+    run.add_argument("--out", metavar="DIR",
+                     help="write the run directory here (default: nothing is saved); an existing "
+                          "non-empty DIR is refused unless --force")
+    run.add_argument("--force", action="store_true",
+                     help="replace an earlier run in --out whole (no stale file survives)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep = commands.add_parser(
         "sweep", help="privacy-utility sweep (accuracy against epsilon)",
@@ -39,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     sweep.add_argument("--epsilons", default="0.5,1,2,4,8", help="comma-separated targets")
     sweep.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    sweep.add_argument("--out", metavar="DIR", default="runs/sweep")
+    sweep.add_argument("--out", metavar="DIR", default="runs/sweep",
+                       help="write sweep.csv, sweep.png and config.toml here (default: %(default)s)")
+    sweep.add_argument("--force", action="store_true", help="replace an earlier sweep in --out")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy = commands.add_parser("privacy", help="privacy accounting tools")
     tools = privacy.add_subparsers(dest="tool", required=True, metavar="TOOL")
@@ -59,22 +82,59 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedsec`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "privacy":
-        return _epsilon(args)
-    if args.command == "sweep":
-        return _sweep(args)
+    try:
+        with _one_line_warnings():
+            if args.command == "run":
+                return _run(args)
+            if args.command == "privacy":
+                return _epsilon(args)
+            if args.command == "sweep":
+                return _sweep(args)
+    except KeyboardInterrupt:
+        print("fedsec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_CONFIG
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Show the run's own warnings as ``fedsec: warning: ...`` lines on stderr."""
+    from fedsec.experiment import RunWarning
+
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, RunWarning):
+            print(f"fedsec: warning: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        # opacus' RDP search says this on every call at extreme noise; the accountant copes
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = original
 
 
 def _failure(error: Exception, command: str) -> int:
     """Report ``error`` on stderr in one line; a bad input exits 2, a failed run 1."""
-    if isinstance(error, FLError):
-        print(f"fedsec: {command} failed: {error}", file=sys.stderr)
+    if isinstance(error, ConfigError) or (isinstance(error, ValueError)
+                                          and not isinstance(error, FLError)):
+        print(f"fedsec: error: {_one_line(error)}", file=sys.stderr)
+        return EXIT_CONFIG
+    if isinstance(error, OSError):
+        detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
+        print(f"fedsec: {command} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"fedsec: error: {error}", file=sys.stderr)
-    return EXIT_CONFIG
+    print(f"fedsec: {command} failed: {_one_line(error)}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -95,8 +155,8 @@ def _sweep(args: argparse.Namespace) -> int:
             # each run sets its own target; a placeholder lets a config without one validate
             config = load_config(args.config, ["dp.target_epsilon=1", *args.overrides])
         result = run_sweep(config, epsilons=epsilons, seeds=seeds, out=args.out,
-                           progress=not args.quiet)
-    except (ConfigError, FLError) as error:
+                           progress=not args.quiet, force=args.force)
+    except (ConfigError, FLError, DPError, OSError) as error:
         return _failure(error, "sweep")
     print(json.dumps(result))
     return 0
@@ -104,7 +164,6 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _epsilon(args: argparse.Namespace) -> int:
     from dp.accountants import epsilon
-    from dp.errors import DPError
 
     try:
         value = epsilon(noise_multiplier=args.sigma, sample_rate=args.q, steps=args.steps,
@@ -124,8 +183,8 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config, args.overrides)
-        summary = run_experiment(config, out=args.out, progress=not args.quiet)
-    except (ConfigError, FLError) as error:
+        summary = run_experiment(config, out=args.out, progress=not args.quiet, force=args.force)
+    except (ConfigError, FLError, DPError, OSError) as error:
         return _failure(error, "run")
     stopped = summary.get("privacy", {}).get("stopped")
     if stopped:

@@ -221,7 +221,7 @@ def make_config(values: Mapping[str, Any] | None = None) -> ExperimentConfig:
     for key, value in (values or {}).items():
         if key not in keys:
             close = difflib.get_close_matches(key, keys, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "see the config reference in README.md"
+            hint = f"did you mean {close[0]!r}?" if close else "see docs/configuration.md"
             raise ConfigError(key, f"unknown key ({hint})")
         kind, f = keys[key]
         value = _coerce(key, kind, value)
@@ -265,6 +265,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return make_config(values)
 
 
+MIN_MASKING_CLIENTS = 3
+"""Pairwise masking recovers a dropout from t >= 2 of a client's k = m - 1 neighbours' shares."""
+
+
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
@@ -285,6 +289,12 @@ def _check_combinations(config: ExperimentConfig) -> None:
                                                 f"{data.clients} clients x {config.train.fraction} "
                                                 f"gives {m}")
         if secure.aggregation == "masking":
+            if m < MIN_MASKING_CLIENTS:
+                key = "data.clients" if data.clients < MIN_MASKING_CLIENTS else "train.fraction"
+                raise ConfigError(key, f"masking needs >= {MIN_MASKING_CLIENTS} clients a round (with "
+                                       f"2, a Shamir threshold >= 2 exceeds the 1 share holder); "
+                                       f"{data.clients} x {config.train.fraction} gives {m}: use "
+                                       f"secure.aggregation = 'paillier' or add clients")
             if secure.threshold > m - 1:
                 raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
                                                       f"got {secure.threshold}")

@@ -3,24 +3,39 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import math
 import platform
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import fl_core
+from dp.errors import InvalidPrivacyParameterError
 from fedsec.config import ExperimentConfig
+from fedsec.diagnostics import hopeless_noise_warning, noise_to_signal
 from fedsec.errors import ConfigError
-from fedsec.plots import plot_metric
+from fedsec.plots import plot_metric, privacy_label
 from fedsec.privacy import PrivacySetup, build_privacy
 from fedsec.progress import ProgressBar
+from fedsec.rundir import RunDirectory, check_out
 from fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 
-RUN_FILES = ("config.toml", "history.csv", "summary.json", "accuracy.png")
+RUN_FILES = ("config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png")
+"""Files of every run directory; a private run adds ``epsilon.png``."""
+
+VERSIONED = ("numpy", "torch", "scikit-learn", "opacus", "dp-accounting", "cryptography", "phe",
+             "gmpy2")
+"""Distributions whose versions decide a run's numbers (summary.json's ``versions``)."""
+
+
+class RunWarning(UserWarning):
+    """A run that will go ahead but is unlikely to show what it is meant to (one line)."""
 
 
 @dataclass
@@ -32,6 +47,7 @@ class Experiment:
     server: fl_core.FederatedServer
     history: HistoryRecorder
     privacy: PrivacySetup | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 def build_experiment(
@@ -69,7 +85,12 @@ def build_experiment(
     )
     protocol = build_protocol(config, data, rng)
     n_parameters = sum(p.numel() for p in model.parameters())
-    privacy = build_privacy(config, data, protocol, n_parameters)
+    try:
+        privacy = build_privacy(config, data, protocol, n_parameters)
+    except InvalidPrivacyParameterError as error:
+        key = "dp.noise_multiplier" if config.dp.noise_multiplier else "dp.target_epsilon"
+        raise ConfigError(key, f"{error} with dp.accountant = {config.dp.accountant!r}") from None
+    notes = _check_budget(config, data, privacy, n_parameters) if privacy is not None else []
     trainer: fl_core.LocalTrainer = (
         fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                              prox_mu=t.prox_mu) if t.algorithm == "fedprox"
@@ -95,7 +116,28 @@ def build_experiment(
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
     )
-    return Experiment(config, data, server, history, privacy)
+    return Experiment(config, data, server, history, privacy, notes)
+
+
+def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
+                  n_parameters: int) -> list[str]:
+    """Refuse a budget that round 1 already exceeds; return a warning if the noise is hopeless."""
+    p, t = config.dp, config.train
+    first = privacy.budget.epsilon_after_next_round()
+    if p.target_epsilon and first > p.target_epsilon:
+        raise ConfigError("dp.noise_multiplier", f"{p.noise_multiplier:g} spends epsilon {first:.4g} "
+                                                 f"in round 1 alone, over dp.target_epsilon = "
+                                                 f"{p.target_epsilon:g} (delta {p.delta:g}); raise it, "
+                                                 f"or set it to 0 to calibrate")
+    m = fl_core.clients_per_round(t.fraction, data.n_clients)
+    n = sum(len(c) for c in data.clients) / data.n_clients
+    batch = t.batch_size if t.batch_size and t.batch_size < n else n
+    ratio = noise_to_signal(mode=p.mode, noise_multiplier=privacy.noise_multiplier,
+                            n_parameters=n_parameters, clients_per_round=m, rounds=config.rounds,
+                            batch_size=batch,
+                            local_steps=t.local_epochs * math.ceil(n / batch))
+    warning = hopeless_noise_warning(ratio, noise_multiplier=privacy.noise_multiplier)
+    return [warning] if warning else []
 
 
 def build_strategy(config: ExperimentConfig, trainer: fl_core.LocalTrainer, *,
@@ -120,23 +162,24 @@ def build_protocol(
         s.aggregation, max_weight=max(len(c) for c in data.clients), n_clients=data.n_clients,
         fraction=config.train.fraction, rng=rng, clip=s.clip, bits=s.bits, graph=s.graph,
         threshold=s.threshold, dropout=s.dropout, active=s.active, key_bits=s.key_bits,
-        custody=s.custody)
+        custody=s.custody, reproducible=config.dp.reproducible)
 
 
 def make_protocol(
     aggregation: str, *, max_weight: int, n_clients: int, fraction: float,
     rng: np.random.Generator, clip: float = 1.0, bits: int = 16, graph: str = "complete",
     threshold: int = 0, dropout: float = 0.0, active: bool = False, key_bits: int = 2048,
-    custody: str = "key_holder",
+    custody: str = "key_holder", reproducible: bool = False,
 ) -> fl_core.AggregationProtocol:
     """The aggregation protocol ``aggregation`` (``none``, ``masking`` or ``paillier``) for
-    ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round."""
+    ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round;
+    ``reproducible`` draws the masking ring's order from ``rng`` too."""
     if aggregation == "masking":
         from protocols.masked import MaskedAggregation
 
         return MaskedAggregation(
-            max_weight=max_weight, rng=rng, clip=clip, bits=bits,
-            graph=graph, threshold=threshold, dropout=dropout, active=active)
+            max_weight=max_weight, rng=rng, clip=clip, bits=bits, graph=graph,
+            threshold=threshold, dropout=dropout, active=active, reproducible=reproducible)
     if aggregation == "paillier":
         from protocols.paillier import PaillierAggregation, default_threshold
 
@@ -160,18 +203,15 @@ class _RunDirectoryWriter(RoundObserver):
 
 def versions() -> dict[str, str]:
     """Versions of fedsec and the libraries that decide a run's numbers."""
-    import sklearn
-    import torch
-
     from fedsec import __version__
 
-    return {
-        "fedsec": __version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "scikit-learn": sklearn.__version__,
-    }
+    found = {"fedsec": __version__, "python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 def summarize(
@@ -180,6 +220,8 @@ def summarize(
 ) -> dict[str, Any]:
     """The ``summary.json`` content of a finished run."""
     last = result.records[-1].metrics if result.records else {}
+    aborted = [{"round": r.round, "reason": r.status.removeprefix("aborted: ")}
+               for r in result.records if r.status != "ok"]
     extra: dict[str, Any] = {}
     if privacy is not None:
         budget = privacy.budget
@@ -207,28 +249,52 @@ def summarize(
         "versions": versions(),
         "stop_reason": result.stop_reason,
         "setup_upload_bytes": setup_upload,
+        "aborted_rounds": len(aborted),
+        "aborted": aborted,
         **extra,
     }
 
 
 def run_experiment(
-    config: ExperimentConfig, *, out: str | Path | None = None, progress: bool = False
+    config: ExperimentConfig, *, out: str | Path | None = None, progress: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Run one experiment; with ``out``, write the run directory. Returns the summary dict.
 
-    All validation (including loading the data) happens before ``out`` is created.
+    All validation (the configuration, ``out`` itself, loading the data, the privacy budget)
+    happens before anything is written. The run is written into a staging folder that replaces
+    ``out`` when the run ends, also when it fails, so no file of an earlier run survives next to
+    it (see :mod:`fedsec.rundir`; ``force`` allows replacing an earlier run). Warnings
+    (:class:`RunWarning`, e.g. hopeless noise) are issued before the first round and listed in the
+    summary.
     """
     import torch
 
+    if out is not None:
+        check_out(out, force=force)
     # The bundled models are tiny: one intra-op thread is faster than several on a CPU.
     torch.set_num_threads(1)
     observers: list[RoundObserver] = []
     if progress:
         observers.append(ProgressBar(target_accuracy=config.train.target_accuracy or None))
     experiment = build_experiment(config, observers=observers)
-    out_dir = Path(out) if out is not None else None
+    for message in experiment.warnings:
+        warnings.warn(message, RunWarning, stacklevel=2)
+    if out is None:
+        return _execute(experiment, None)
+    staging = RunDirectory(out, force=force)
+    try:
+        return _execute(experiment, staging.path)
+    finally:
+        staging.publish()
+
+
+def _execute(experiment: Experiment, out_dir: Path | None) -> dict[str, Any]:
+    """Run the federation; with ``out_dir``, write the run's files there."""
+    import torch
+
+    config = experiment.config
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.toml").write_text(config.to_toml())
         experiment.server.observers.append(_RunDirectoryWriter(out_dir, experiment.history))
     start = time.perf_counter()
@@ -236,19 +302,25 @@ def run_experiment(
     wall = time.perf_counter() - start
     summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
                         experiment.privacy)
-    if out_dir is not None:
-        experiment.history.write_csv(out_dir / "history.csv")
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["warnings"] = list(experiment.warnings)
+    if out_dir is None:
+        return summary
+    experiment.history.write_csv(out_dir / "history.csv")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    torch.save(experiment.server.model.state_dict(), out_dir / "model.pt")
+    d = config.data
+    label = privacy_label(config, experiment.privacy.noise_multiplier if experiment.privacy else None)
+    plot_metric(
+        result.records, metric="accuracy", path=out_dir / "accuracy.png",
+        title=f"{d.dataset}, {d.clients} clients ({d.partition}), {config.model.name}, "
+              f"{config.train.algorithm}\n{label}",
+        ylabel="test accuracy", target=config.train.target_accuracy or None)
+    if experiment.privacy is not None:
+        p = config.dp
         plot_metric(
-            result.records,
-            metric="accuracy",
-            path=out_dir / "accuracy.png",
-            title=f"{config.data.dataset}, {config.data.clients} clients ({config.data.partition}), "
-            f"{config.model.name}, {config.train.algorithm}",
-            ylabel="test accuracy",
-            target=config.train.target_accuracy or None,
-        )
-        if any("epsilon" in r.metrics for r in result.records):
-            plot_metric(result.records, metric="epsilon", path=out_dir / "epsilon.png",
-                        title="privacy spent", ylabel="epsilon")
+            result.records, metric="epsilon", path=out_dir / "epsilon.png",
+            title=f"privacy spent at delta = {p.delta:g} ({experiment.privacy.unit} level, "
+                  f"{p.accountant})\n{label}",
+            ylabel=f"epsilon (delta = {p.delta:g})", target=p.target_epsilon or None,
+            target_label="target epsilon")
     return summary

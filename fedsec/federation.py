@@ -356,8 +356,9 @@ class Federation:
         if isinstance(secure, fl_core.AggregationProtocol):
             return secure
         max_weight = 1 if self.weighting == "uniform" else max(len(c) for c in self.data.clients)
+        reproducible = self.dp is not None and self.dp.reproducible
         return make_protocol(secure, max_weight=max_weight, n_clients=self.data.n_clients,
-                             fraction=self.fraction, rng=rng, **options)
+                             fraction=self.fraction, rng=rng, reproducible=reproducible, **options)
 
     def _check_privacy(self) -> None:
         dp = self.dp

@@ -1,8 +1,11 @@
 """Privacy-utility sweeps: one run per (target epsilon, seed), plus a non-private baseline.
 
 Every private run calibrates its noise to spend its target over ``rounds``; the sweep writes
-``sweep.csv`` (one row a run) and ``sweep.png`` (final accuracy against the epsilon actually
-spent, mean and standard deviation over seeds, the non-private mean as a dashed line).
+``sweep.csv`` (one row a run: the non-private baseline rows first, with ``dp_mode = none`` and
+blank privacy columns) and ``sweep.png`` (final accuracy against the epsilon actually spent, mean
+and standard deviation over seeds, the non-private mean as a dashed line). The output folder
+follows the rules of :mod:`fedsec.rundir` (refused if non-empty without ``force``, swapped in
+whole at the end).
 """
 
 from __future__ import annotations
@@ -17,60 +20,90 @@ from typing import Any
 from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
 from fedsec.experiment import run_experiment
-from fedsec.plots import plot_tradeoff
+from fedsec.plots import plot_tradeoff, privacy_label
+from fedsec.rundir import RunDirectory
 
-SWEEP_COLUMNS = ("target_epsilon", "seed", "epsilon", "epsilon_rdp", "noise_multiplier",
+SWEEP_COLUMNS = ("dp_mode", "target_epsilon", "seed", "epsilon", "epsilon_rdp", "noise_multiplier",
                  "final_accuracy", "best_accuracy", "rounds_run", "stop_reason")
 
 
 def run_sweep(config: ExperimentConfig, *, epsilons: Sequence[float], seeds: Sequence[int],
-              out: str | Path, progress: bool = False) -> dict[str, Any]:
-    """Run the sweep into ``out``; returns the points and the baseline."""
+              out: str | Path, progress: bool = False, force: bool = False) -> dict[str, Any]:
+    """Run the sweep into ``out``; returns the points and the baseline.
+
+    Raises:
+        ConfigError: a non-private configuration, no epsilon or seed, or an unusable ``out``
+            (checked before any run).
+    """
     if config.dp.mode == "none":
         raise ConfigError("dp.mode", "a sweep needs dp.mode = 'dpsgd' or 'client'")
     if not epsilons or any(e <= 0 for e in epsilons) or not seeds:
         raise ConfigError("sweep", "give at least one epsilon > 0 and one seed")
+    staging = RunDirectory(out, force=force)
+    try:
+        result = _sweep(config, epsilons, seeds, staging.path, progress)
+    except BaseException:
+        staging.discard()
+        raise
+    staging.publish()
+    return result
+
+
+def _sweep(config: ExperimentConfig, epsilons: Sequence[float], seeds: Sequence[int], out_dir: Path,
+           progress: bool) -> dict[str, Any]:
     from tqdm import tqdm
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     runs = [(e, s) for e in sorted(epsilons) for s in seeds]
-    rows, baseline = [], []
+    rows: list[dict[str, Any]] = []
+    baseline = []
     bar = tqdm(total=len(runs) + len(seeds), desc="sweep", disable=not progress, leave=False)
     for seed in seeds:
         plain = replace(config, seed=seed, dp=replace(config.dp, mode="none", noise_multiplier=0.0,
                                                       target_epsilon=0.0, max_grad_norm=1.0,
                                                       accountant="pld", reproducible=False,
                                                       delta=1e-5))
-        baseline.append(run_experiment(plain)["final_accuracy"])
+        summary = run_experiment(plain)
+        baseline.append(summary["final_accuracy"])
+        rows.append({"dp_mode": "none", "target_epsilon": "", "seed": seed, "epsilon": "",
+                     "epsilon_rdp": "", "noise_multiplier": "", **_outcome(summary)})
         bar.update()
     for target, seed in runs:
         private = replace(config, seed=seed,
                           dp=replace(config.dp, target_epsilon=target, noise_multiplier=0.0))
         summary = run_experiment(private)
         p = summary["privacy"]
-        rows.append({"target_epsilon": target, "seed": seed, "epsilon": p["epsilon"],
-                     "epsilon_rdp": p["epsilon_rdp"], "noise_multiplier": p["noise_multiplier"],
-                     "final_accuracy": summary["final_accuracy"],
-                     "best_accuracy": summary["best_accuracy"], "rounds_run": summary["rounds_run"],
-                     "stop_reason": summary["stop_reason"]})
+        rows.append({"dp_mode": config.dp.mode, "target_epsilon": target, "seed": seed,
+                     "epsilon": p["epsilon"], "epsilon_rdp": p["epsilon_rdp"],
+                     "noise_multiplier": p["noise_multiplier"], **_outcome(summary)})
         bar.update()
     bar.close()
+    return _write(config, rows, baseline, epsilons, seeds, out_dir)
+
+
+def _outcome(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("final_accuracy", "best_accuracy", "rounds_run", "stop_reason")
+    return {k: summary[k] for k in keys}
+
+
+def _write(config: ExperimentConfig, rows: list[dict[str, Any]], baseline: list[float],
+           epsilons: Sequence[float], seeds: Sequence[int], out_dir: Path) -> dict[str, Any]:
+    """Write sweep.csv, sweep.png and config.toml into ``out_dir``; returns the points."""
     with open(out_dir / "sweep.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     points = []
     for target in sorted(epsilons):
-        group = [r for r in rows if r["target_epsilon"] == target]
+        group = [r for r in rows if r["dp_mode"] != "none" and r["target_epsilon"] == target]
         accs = [r["final_accuracy"] for r in group]
         points.append((statistics.fmean(r["epsilon"] for r in group), statistics.fmean(accs),
                        statistics.pstdev(accs)))
     base = statistics.fmean(baseline)
     d = config.data
+    settings = privacy_label(replace(config, dp=replace(config.dp, target_epsilon=0.0)), None)
     plot_tradeoff(points, path=out_dir / "sweep.png", baseline=base,
-                  title=f"{d.dataset}, {d.clients} clients, {config.model.name}, "
-                        f"{config.dp.mode} ({len(seeds)} seeds)")
+                  title=f"{d.dataset}, {d.clients} clients, {config.model.name}, {len(seeds)} "
+                        f"seeds\n{settings}")
     (out_dir / "config.toml").write_text(config.to_toml())
     return {"points": [{"epsilon": e, "accuracy": a, "std": s} for e, a, s in points],
-            "baseline_accuracy": base, "runs": len(rows)}
+            "baseline_accuracy": base, "runs": len(rows) - len(seeds)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,14 @@ HISTORY_COLUMNS = (
     "upload_bytes",
     "seconds",
 )
-"""The contract columns of ``history.csv``, in order; extra columns follow them."""
+"""The contract columns of ``history.csv``, in order; extra columns follow them (``epsilon_rdp``,
+when present, sits right after ``epsilon``)."""
+
+REAL_COLUMNS = frozenset({"accuracy", "loss", "epsilon", "epsilon_rdp", "delta", "seconds",
+                          "train_loss", "update_norm", "budget_remaining", "noise_multiplier",
+                          "sample_rate"})
+"""Columns that always hold real numbers; any other column whose every value is a whole number
+is a counter and is written as integers (``3``, not ``3.0``)."""
 
 
 @dataclass
@@ -85,6 +93,22 @@ def _fmt(value: float | str | None) -> str:
     return repr(float(value))
 
 
+def _whole_numbers(cells: Iterable[str]) -> bool:
+    """Whether every non-blank cell is a finite number without a fractional part."""
+    seen = False
+    for cell in cells:
+        if cell == "":
+            continue
+        try:
+            value = float(cell)
+        except ValueError:
+            return False
+        if not math.isfinite(value) or not value.is_integer():
+            return False
+        seen = True
+    return seen
+
+
 @dataclass
 class TrainingResult:
     """The outcome of :meth:`fl_core.server.FederatedServer.run`.
@@ -146,10 +170,19 @@ class HistoryRecorder(RoundObserver):
         self.records.append(record)
 
     def write_csv(self, path: str | Path) -> None:
+        """Write every record as one row (see :data:`HISTORY_COLUMNS` and :data:`REAL_COLUMNS`)."""
         rows = [r.row() for r in self.records]
         columns = list(HISTORY_COLUMNS)
         for row in rows:
             columns.extend(k for k in row if k not in columns)
+        if "epsilon_rdp" in columns:
+            columns.remove("epsilon_rdp")
+            columns.insert(columns.index("epsilon") + 1, "epsilon_rdp")
+        for name in columns:
+            if name not in REAL_COLUMNS and _whole_numbers(row.get(name, "") for row in rows):
+                for row in rows:
+                    if row.get(name, ""):
+                        row[name] = str(int(float(row[name])))
         with open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns, restval="")
             writer.writeheader()

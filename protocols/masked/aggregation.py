@@ -57,6 +57,8 @@ class MaskedAggregation(AggregationProtocol):
             dropout), capped below 1).
         tolerated_corrupt: fraction of clients assumed to collude with the server, in [0, 1).
         active: signed keys and a signed survivor list (consistency check) against a lying server.
+        reproducible: draw the ring order from ``rng`` too, so identical runs give identical
+            rounds (experiments only: whoever knows the seed knows the ring).
         rng: the run's generator (dropout draws and stochastic rounding; never cryptography).
     """
 
@@ -65,7 +67,7 @@ class MaskedAggregation(AggregationProtocol):
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0, bits: int = 16,
                  graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
                  tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
-                 active: bool = False) -> None:
+                 active: bool = False, reproducible: bool = False) -> None:
         check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if graph not in ("complete", "harary"):
             raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
@@ -75,6 +77,7 @@ class MaskedAggregation(AggregationProtocol):
             raise InvalidParameterError(f"tolerated_corrupt must be in [0, 1), got {tolerated_corrupt}")
         self.max_weight, self.clip, self.bits, self.graph = max_weight, float(clip), bits, graph
         self.threshold, self.dropout, self.active = threshold, dropout, active
+        self.reproducible = reproducible
         self.tolerated_dropout = (min(max(0.1, 2 * dropout), 0.9) if tolerated_dropout is None
                                   else tolerated_dropout)
         if not 0 <= self.tolerated_dropout < 1:
@@ -125,7 +128,8 @@ class MaskedAggregation(AggregationProtocol):
             weights={u.client_id: int(u.weight) for u in valid},
             rngs={c: np.random.default_rng(self.rng.integers(0, 2**63 - 1)) for c in ids},
             encoder=encoder, degree=degree, threshold=threshold, round_index=round_index,
-            identities=identities, noise=noise.draw if noise else None)
+            identities=identities, noise=noise.draw if noise else None,
+            ring_rng=self.rng if self.reproducible else None)
         server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:

@@ -126,9 +126,16 @@ class RingGraph:
         return self.x_of(u, v) != 0
 
 
-def shuffled_ring(clients: list[int] | tuple[int, ...]) -> tuple[int, ...]:
-    """The clients in an order drawn with the OS CSPRNG (the server cannot be steered by a seed)."""
+def shuffled_ring(clients: list[int] | tuple[int, ...],
+                  rng: np.random.Generator | None = None) -> tuple[int, ...]:
+    """The clients in an order drawn with the OS CSPRNG (the server cannot be steered by a seed).
+
+    ``rng`` (reproducible experiments only: whoever knows its seed knows the ring) draws the order
+    from a seeded generator instead.
+    """
     order = list(clients)
+    if rng is not None:
+        return tuple(order[i] for i in rng.permutation(len(order)))
     secrets.SystemRandom().shuffle(order)
     return tuple(order)
 

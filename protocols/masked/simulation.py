@@ -42,16 +42,18 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
                 rngs: Mapping[int, np.random.Generator], encoder: FixedPointEncoder, degree: int,
                 threshold: int, round_index: int,
                 identities: Mapping[int, SigningKey] | None = None,
-                noise: Callable[[int], np.ndarray] | None = None) -> SimulatedRound:
+                noise: Callable[[int], np.ndarray] | None = None,
+                ring_rng: np.random.Generator | None = None) -> SimulatedRound:
     """Set up one round: a random session id, the clients on a CSPRNG-shuffled ring of ``degree``.
 
     ``rngs`` feed each client's stochastic rounding. Passing long-term ``identities`` (one per
     client) runs active mode, and every client then insists on it. ``noise``, if given, is each
-    client's source of shifted integer noise (see :class:`MaskedClient`).
+    client's source of shifted integer noise (see :class:`MaskedClient`). ``ring_rng`` (reproducible
+    experiments only) shuffles the ring from a seed instead of the OS CSPRNG.
     """
     ids = list(updates)
     length = int(next(iter(updates.values())).size)
-    graph = RingGraph(shuffled_ring(ids), degree)
+    graph = RingGraph(shuffled_ring(ids, ring_rng), degree)
     session = os.urandom(SESSION_BYTES)
     active = identities is not None
     directory = {c: identities[c].public for c in ids} if active else None

@@ -25,7 +25,10 @@ def test_run_writes_the_run_directory(tmp_path, capsys):
     assert all((out / name).is_file() for name in RUN_FILES)
     rows = _history(out)
     assert [int(r["round"]) for r in rows] == [1, 2, 3]
-    assert list(rows[0])[: len(HISTORY_COLUMNS)] == list(HISTORY_COLUMNS)
+    header = list(rows[0])
+    assert [c for c in header if c in HISTORY_COLUMNS] == list(HISTORY_COLUMNS)
+    assert header.index("epsilon_rdp") == header.index("epsilon") + 1
+    assert set(header[: len(HISTORY_COLUMNS) + 1]) == {*HISTORY_COLUMNS, "epsilon_rdp"}
     summary = json.loads((out / "summary.json").read_text())
     assert {"final_accuracy", "best_accuracy", "rounds_run", "rounds_to_target", "epsilon", "delta",
             "wall_seconds", "config_sha256", "versions"} <= set(summary)

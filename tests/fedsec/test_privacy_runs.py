@@ -71,7 +71,11 @@ def test_sweep_writes_csv_and_plot(tmp_path):
                  "--set", "rounds=3", "--set", "secure.aggregation=none"]) == 0
     with open(out / "sweep.csv") as handle:
         rows = list(csv.DictReader(handle))
+    baseline, rows = rows[:1], rows[1:]
+    assert baseline[0]["dp_mode"] == "none" and baseline[0]["epsilon"] == ""
+    assert 0.5 < float(baseline[0]["final_accuracy"]) <= 1.0 and baseline[0]["rounds_run"] == "3"
     assert [float(r["target_epsilon"]) for r in rows] == [1.0, 4.0]
+    assert all(r["dp_mode"] == "dpsgd" for r in rows)
     assert all(float(r["epsilon"]) <= float(r["target_epsilon"]) for r in rows)
     assert float(rows[0]["noise_multiplier"]) > float(rows[1]["noise_multiplier"])
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
