@@ -106,7 +106,8 @@ def build_protocol(
 
         return MaskedAggregation(
             max_weight=max(len(c) for c in data.clients), rng=rng, clip=s.clip, bits=s.bits,
-            graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active)
+            graph=s.graph, threshold=s.threshold, dropout=s.dropout, active=s.active,
+            tolerated_corrupt=s.corrupt)
     if s.aggregation == "paillier":
         from protocols.paillier import PaillierAggregation, default_threshold
 
