@@ -311,6 +311,7 @@ class _AwaitConsistency(_Stage):
             raise ClientAbort(UNKNOWN_CLIENT)
         if ctx.client_id not in survivors:
             raise ClientAbort(SELF_DROPPED)
+        # Signing S also attests that at least t of the partners it masked with are in S.
         if sum(1 for v in survivors if v in ctx.received) < ctx.threshold or len(survivors) < ctx.quorum:
             raise ClientAbort(FEW_SURVIVORS)
         ctx.survivors = survivors
@@ -363,16 +364,21 @@ class _AwaitUnmask(_Stage):
         # Uniqueness: q > (n + c) / 2 signers means no other list can also have reached q.
         if len(signers) < ctx.quorum:
             raise ClientAbort(FEW_SURVIVORS)
-        self._check_attestations(body, alive - {ctx.client_id}, survivors)
+        self._check_attestations(body, alive - {ctx.client_id} - signers, survivors)
 
-    def _check_attestations(self, body: m.UnmaskRequest, alive: set[int], survivors: set[int]) -> None:
-        """Every survivor whose seed share it reveals attested >= t partners that are in S."""
+    def _check_attestations(self, body: m.UnmaskRequest, unsigned: set[int], survivors: set[int]) -> None:
+        """Every survivor whose seed share it reveals showed >= t of its partners in S.
+
+        A survivor that signed S checked this itself before signing (:class:`_AwaitConsistency`);
+        for each one in ``unsigned`` (in S, but no signature on S) the request must carry its
+        signed partner attestation, and the client counts its partners in S.
+        """
         ctx = self.ctx
         graph, k = ctx.graph, ctx.params.degree
         assert graph is not None
         attested = {}
         for owner, bits, signature in body.attestations:
-            if owner in attested or owner not in alive or len(bits) != (k + 7) // 8:
+            if owner in attested or owner not in unsigned or len(bits) != (k + 7) // 8:
                 raise ClientAbort(ATTESTATION)
             try:
                 crypto.verify(ctx.directory[owner], signature,
@@ -380,7 +386,7 @@ class _AwaitUnmask(_Stage):
             except CryptoError:
                 raise ClientAbort(ATTESTATION) from None
             attested[owner] = bits
-        if set(attested) != alive:
+        if set(attested) != unsigned:
             raise ClientAbort(ATTESTATION)
         for owner, bits in attested.items():
             # neighbours() is ordered by x-coordinate, so bit x - 1 belongs to the holder at x.

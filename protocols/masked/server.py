@@ -249,7 +249,7 @@ class _Unmask(_Stage):
             dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
             sigs = tuple(sorted(self.r.signatures.items()))
             attestations = tuple((v, *self.r.attestations[v]) for v in alive
-                                 if self.r.params.active)
+                                 if self.r.params.active and v not in self.r.signatures)
             out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs, attestations))
         return out
 
