@@ -38,13 +38,13 @@ class Session:
 
 def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", active: bool = True,
                  threshold: int | None = None, round_index: int = 7, seed: int = 0,
-                 dropout: float = 0.2, corrupt: float = 0.1) -> Session:
+                 dropout: float = 0.2, corrupt: float = 0.1, bits: int = 12) -> Session:
     """A fresh round of n honest clients; active (authenticated) mode unless ``active=False``."""
     rng = np.random.default_rng(seed)
     ids = [int(x) for x in rng.choice(10_000, size=n, replace=False)]
     params = choose_parameters(n, dropout=dropout, corrupt=corrupt, graph=graph, active=active)
     t = threshold or params.threshold
-    encoder = FixedPointEncoder(clip=1.0, bits=12, max_clients=n, max_weight=100, max_length=length)
+    encoder = FixedPointEncoder(clip=1.0, bits=bits, max_clients=n, max_weight=100, max_length=length)
     identities = {c: SigningKey.generate() for c in ids}
     updates = {c: rng.normal(0, 0.5, length).astype(np.float32) for c in ids}
     weights = {c: int(rng.integers(1, 101)) for c in ids}
