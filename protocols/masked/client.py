@@ -116,6 +116,7 @@ class _Context:
     shares: np.ndarray | None = None
     commitments: bytes = b""
     quorum: int = 0
+    digest: bytes = b""
     box_keys: dict[int, bytes] = field(default_factory=dict)
     clipped: int = 0
 
@@ -187,6 +188,7 @@ class _AwaitParams(_Stage):
         ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
         ctx.clipped = encoded.clipped
         ctx.quorum = survivor_quorum(n, ctx.policy.corrupt)
+        ctx.digest = m.params_digest(p)
         ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
         # Both secrets are shared now, at x = 1..k, so the commitment can be signed with the keys.
         ctx.seed = os.urandom(shamir.SECRET_BYTES)
@@ -202,7 +204,7 @@ class _AwaitParams(_Stage):
             assert ctx.signing_key is not None
             signature = ctx.signing_key.sign(key_message(ctx.session, ctx.round_index, ctx.client_id,
                                                          ctx.encryption.public, ctx.masking.public,
-                                                         commitment))
+                                                         commitment, params=ctx.digest))
         entry = m.KeyEntry(ctx.client_id, ctx.encryption.public, ctx.masking.public, commitment,
                            signature)
         return _AwaitKeyList(ctx), ctx.reply(m.AdvertiseKeys(entry))
@@ -232,7 +234,8 @@ class _AwaitKeyList(_Stage):
                 try:
                     crypto.verify(ctx.directory[e.client], e.signature,
                                   key_message(ctx.session, ctx.round_index, e.client,
-                                              e.encryption_key, e.mask_key, e.commitment))
+                                              e.encryption_key, e.mask_key, e.commitment,
+                                              params=ctx.digest))
                 except CryptoError:
                     raise ClientAbort(BAD_SIGNATURE) from None
         neighbours = {e.client: e for e in body.entries if e.client != ctx.client_id}
@@ -296,7 +299,8 @@ class _AwaitShares(_Stage):
         partners, signature = bytes(bits), b""
         if ctx.params.active:
             signature = ctx.signing_key.sign(attestation_message(ctx.session, ctx.round_index,
-                                                                 ctx.client_id, partners))
+                                                                 ctx.client_id, partners,
+                                                                 params=ctx.digest))
         nxt: _Stage = _AwaitConsistency(ctx) if ctx.params.active else _AwaitUnmask(ctx)
         return nxt, ctx.reply(m.MaskedInput(ctx.encoder.to_bytes(words), partners, signature))
 
@@ -315,7 +319,8 @@ class _AwaitConsistency(_Stage):
         if sum(1 for v in survivors if v in ctx.received) < ctx.threshold or len(survivors) < ctx.quorum:
             raise ClientAbort(FEW_SURVIVORS)
         ctx.survivors = survivors
-        signature = ctx.signing_key.sign(consistency_message(ctx.session, ctx.round_index, survivors))
+        signature = ctx.signing_key.sign(consistency_message(ctx.session, ctx.round_index, survivors,
+                                                             params=ctx.digest))
         return _AwaitUnmask(ctx), ctx.reply(m.ConsistencySignature(signature))
 
 
@@ -351,7 +356,7 @@ class _AwaitUnmask(_Stage):
         survivors = set(ctx.survivors)
         if not alive <= survivors or dropped & survivors:
             raise ClientAbort(INCONSISTENT)
-        message = consistency_message(ctx.session, ctx.round_index, ctx.survivors)
+        message = consistency_message(ctx.session, ctx.round_index, ctx.survivors, params=ctx.digest)
         signers = set()
         for v, signature in body.signatures:
             if v in signers or v not in survivors or v not in ctx.graph:
@@ -382,7 +387,8 @@ class _AwaitUnmask(_Stage):
                 raise ClientAbort(ATTESTATION)
             try:
                 crypto.verify(ctx.directory[owner], signature,
-                              attestation_message(ctx.session, ctx.round_index, owner, bits))
+                              attestation_message(ctx.session, ctx.round_index, owner, bits,
+                                                  params=ctx.digest))
             except CryptoError:
                 raise ClientAbort(ATTESTATION) from None
             attested[owner] = bits

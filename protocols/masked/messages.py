@@ -7,6 +7,7 @@ the receiver expects (kind, session, round, sender or recipient) before the body
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from dataclasses import dataclass
@@ -246,8 +247,8 @@ class ConsistencySignature:
 @dataclass(frozen=True)
 class UnmaskRequest:
     """Server -> client: neighbours alive and dropped; in active mode also the signatures over
-    the survivor list and, for each alive neighbour asked about, its signed partner attestation
-    (owner, partner bitmap, signature), all bitmaps of one size."""
+    the survivor list and, for each alive neighbour asked about that did not sign it, its signed
+    partner attestation (owner, partner bitmap, signature), all bitmaps of one size."""
 
     KIND: ClassVar[int] = 9
     alive: tuple[int, ...]
@@ -299,6 +300,13 @@ class UnmaskResponse:
         if any(which not in (SHARE_OF_SEED, SHARE_OF_MASK_KEY) for _, which, _ in shares):
             raise MalformedMessage("unknown share kind")
         return cls(shares)
+
+
+def params_digest(params: SessionParams) -> bytes:
+    """SHA-256 of the canonical encoding of the session parameters (bound into every signature)."""
+    w = Writer()
+    params.write(w)
+    return hashlib.sha256(b"fedsec/secagg/v1/params" + w.getvalue()).digest()
 
 
 MESSAGE_TYPES = {cls.KIND: cls for cls in (SessionParams, AdvertiseKeys, KeyList, ShareKeys,

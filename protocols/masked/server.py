@@ -52,6 +52,7 @@ class _Round:
     encoder: FixedPointEncoder
     directory: Mapping[int, bytes]
     quorum: int
+    digest: bytes
     keys: dict[int, m.KeyEntry] = field(default_factory=dict)
     sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
     commitments: dict[int, bytes] = field(default_factory=dict)
@@ -114,7 +115,8 @@ class _AdvertiseKeys(_Stage):
             try:
                 crypto.verify(self.r.directory[sender], e.signature,
                               key_message(self.r.session, self.r.round_index, sender,
-                                          e.encryption_key, e.mask_key, e.commitment))
+                                          e.encryption_key, e.mask_key, e.commitment,
+                                          params=self.r.digest))
             except CryptoError:
                 raise MalformedMessage("key signature does not verify") from None
 
@@ -185,7 +187,7 @@ class _MaskedInput(_Stage):
             try:
                 crypto.verify(self.r.directory[sender], body.signature,
                               attestation_message(self.r.session, self.r.round_index, sender,
-                                                  body.partners))
+                                                  body.partners, params=self.r.digest))
             except CryptoError:
                 raise MalformedMessage("partner attestation does not verify") from None
             self.r.attestations[sender] = (body.partners, body.signature)
@@ -212,7 +214,8 @@ class _Consistency(_Stage):
     def accept(self, sender: int, body: m.ConsistencySignature) -> None:
         try:
             crypto.verify(self.r.directory[sender], body.signature,
-                          consistency_message(self.r.session, self.r.round_index, self.r.survivors))
+                          consistency_message(self.r.session, self.r.round_index, self.r.survivors,
+                                              params=self.r.digest))
         except CryptoError:
             raise MalformedMessage("survivor signature does not verify") from None
 
@@ -355,7 +358,7 @@ class MaskedServer:
                                  encoder.bits, encoder.max_clients, encoder.max_weight,
                                  encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
-                             survivor_quorum(n, corrupt) if active else 0)
+                             survivor_quorum(n, corrupt) if active else 0, m.params_digest(params))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 

@@ -49,6 +49,7 @@ class World:
     identities: dict[int, SigningKey]
     encoder: FixedPointEncoder
     plain: dict[int, np.ndarray]
+    digest: bytes
 
     @property
     def honest(self) -> list[int]:
@@ -81,7 +82,7 @@ def make_world(n: int, degree: int, *, active: bool, corrupt: frozenset[int] = f
         params[c] = m.encode(m.Header(0, built.session, 3, m.SERVER, c), body)
     plain = {c: encoder.encode(updates[c], c, rng=np.random.default_rng(c)).words for c in ids}
     return World(active, graph, t, frozenset(corrupt), built.session, built.clients, params, identities,
-                 encoder, plain)
+                 encoder, plain, m.params_digest(body))
 
 
 @dataclass
@@ -191,7 +192,8 @@ def finish(prep: Prepared, lists: tuple[tuple[int, ...], ...] = (), shown: dict[
     if world.active:
         for i, lst in enumerate(lists):  # colluders sign every list
             for c in world.corrupt:
-                signatures[i][c] = world.identities[c].sign(consistency_message(world.session, 3, lst))
+                signatures[i][c] = world.identities[c].sign(consistency_message(
+                    world.session, 3, lst, params=world.digest))
         for c in ring:
             if c in masked and c not in world.corrupt:
                 i = shown.get(c, 0)

@@ -261,3 +261,16 @@ def test_authenticated_mode_is_the_default_everywhere():
     c = sorted(out)[0]
     semi.clients[c]._ctx.policy = ClientPolicy()  # a client that keeps the default refuses the opt-in
     assert answers(semi, {c: out[c]}, lambda c, x: x) == {c: rules.UNSAFE_PARAMS}
+
+
+def test_clients_shown_different_session_parameters_cannot_use_each_others_keys():
+    """Every signature covers the digest of the parameters its signer saw: a server that shows one
+    client another ring order or threshold (to change its quorum or how attestations read) splits
+    it from everyone else."""
+    world = make_world(6, 5, active=True)
+    header, body = m.decode(world.params[3], expect=m.SessionParams)
+    ring = (body.ring[1], body.ring[0]) + body.ring[2:]
+    world.params[3] = m.encode(header, dataclasses.replace(body, ring=ring))
+    outcome = finish(prepare(world, Strategy()), fork=False)
+    assert outcome.aborts and set(outcome.aborts.values()) == {rules.BAD_SIGNATURE}
+    assert set(outcome.aborts) == set(world.graph.ring)
