@@ -26,6 +26,7 @@ from protocols.errors import ClientAbort
 from protocols.masked import messages as m
 from protocols.masked.graph import RingGraph
 from protocols.masked.keys import consistency_message, mask_key, self_mask_key
+from protocols.masked.policy import minimum_threshold
 from protocols.masked.simulation import build_round
 from secagg import shamir
 from secagg.encoding import FixedPointEncoder
@@ -59,8 +60,6 @@ class World:
 def make_world(n: int, degree: int, *, active: bool, corrupt: frozenset[int] = frozenset(),
                assumed_corrupt: float = 0.2, threshold: int | None = None) -> World:
     """Clients 1..n; the policy and the server assume ``assumed_corrupt``; t is the floor unless given."""
-    from protocols.masked.policy import minimum_threshold
-
     ids = list(range(1, n + 1))
     floor = minimum_threshold(n, degree, assumed_corrupt, active=active)
     t = threshold or floor
@@ -122,8 +121,8 @@ def _send(world: World, clients: dict, c: int, body, aborts: dict[int, str]):
     return m.decode(reply, expect=_REPLY[type(body)])[1]
 
 
-_REPLY = {m.KeyList: m.ShareKeys, m.ForwardedShares: m.MaskedInput, m.ConsistencyRequest: m.ConsistencySignature,
-          m.UnmaskRequest: m.UnmaskResponse}
+_REPLY = {m.KeyList: m.ShareKeys, m.ForwardedShares: m.MaskedInput,
+          m.ConsistencyRequest: m.ConsistencySignature, m.UnmaskRequest: m.UnmaskResponse}
 
 
 @dataclass
