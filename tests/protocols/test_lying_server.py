@@ -274,3 +274,13 @@ def test_clients_shown_different_session_parameters_cannot_use_each_others_keys(
     outcome = finish(prepare(world, Strategy()), fork=False)
     assert outcome.aborts and set(outcome.aborts.values()) == {rules.BAD_SIGNATURE}
     assert set(outcome.aborts) == set(world.graph.ring)
+
+
+@pytest.mark.parametrize("kwargs,name", [({"corrupt": 1.0}, "corrupt"), ({"corrupt": -0.1}, "corrupt"),
+                                         ({"require_active": 1}, "require_active"),
+                                         ({"max_length": 0}, "max_length")])
+def test_client_policy_is_validated_and_names_the_bad_key(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ClientPolicy(**kwargs)
+    with pytest.raises(TypeError):
+        ClientPolicy(True)  # keyword-only
