@@ -12,6 +12,7 @@ harness honest (every input it reports is recomputed and checked against the vic
 """
 
 import itertools
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +128,29 @@ def test_random_lies_against_the_semi_honest_opt_in_are_reported_truthfully(shap
     strategy = data.draw(random_strategy(world))
     outcome = finish(prepare(world, strategy), strategy.lists, strategy.shown, fork=False)
     assert confirmed(world, outcome)
+
+
+def test_the_split_view_lie_on_the_harary_graph_reads_semi_honest_clients_only():
+    """SecAgg+, n = 10, k = 6, one colluder (found by the search above, run at this size once):
+    the victim masks with t partners and most holders are told its honest partners dropped."""
+    partners, gone = frozenset({2, 3, 4, 10}), frozenset({3, 4, 10})
+    shown = {1: 1, 3: 0, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1, 10: 0}
+    world = make_world(10, 6, active=False, corrupt=frozenset({COLLUDER}))
+    assert world.threshold == len(partners) and set(partners) <= set(world.graph.neighbours(VICTIM))
+    prep = prepare(world, Strategy(forward={VICTIM: partners}))
+    everyone = tuple(sorted(prep.masked))
+    lists = (everyone, tuple(c for c in everyone if c not in gone))
+    outcome = finish(prep, lists, shown)
+    assert list(outcome.broken) == [VICTIM] and confirmed(world, outcome)
+
+    world = make_world(10, 6, active=True, corrupt=frozenset({COLLUDER}))
+    extra = sorted(set(world.graph.neighbours(VICTIM)) - partners)
+    partners = partners | frozenset(extra[: world.threshold - len(partners)])
+    prep = prepare(world, Strategy(forward={VICTIM: partners}))
+    everyone = tuple(sorted(prep.masked))
+    lists = (everyone, tuple(c for c in everyone if c not in gone))
+    rng = random.Random(9)
+    views = [shown, {c: 1 for c in world.honest}] + [{c: rng.randint(0, 1) for c in world.honest}
+                                                     for _ in range(30)]
+    for view in views:
+        assert finish(prep, lists, view).broken == {}
