@@ -134,3 +134,29 @@ def test_a_repeated_valid_message_is_noted_but_does_not_remove_or_double_count()
     total, survivors = s.server.result()
     assert c in survivors and c not in s.server.rejected and c in s.server.misbehaved
     assert np.array_equal(total, s.expected_sum(survivors))
+
+
+def test_a_wrong_mask_key_share_of_a_dropped_client_is_caught_and_the_sum_is_exact():
+    s = make_session(8, seed=6, dropout=0.3)
+    dropped = sorted(s.clients)[-1]
+    while s.server.stage != "unmask":
+        for c, message in s.server.outgoing().items():
+            if not (c == dropped and s.server.stage == "masked input"):
+                s.server.receive(c, s.clients[c].handle(message))
+        s.server.close()
+    out = s.server.outgoing()
+    liar = sorted(out)[0]
+
+    def change(body):
+        return m.UnmaskResponse(tuple(
+            (o, k, shamir.share_to_bytes((shamir.share_from_bytes(sh) + 7) % shamir.PRIME))
+            if o == dropped else (o, k, sh) for o, k, sh in body.shares))
+
+    for c, message in out.items():
+        reply = s.clients[c].handle(message)
+        s.server.receive(c, tampered(reply, m.UnmaskResponse, change) if c == liar else reply)
+    s.server.close()
+    total, survivors = s.server.result()
+    assert dropped not in survivors and liar in survivors
+    assert np.array_equal(total, s.expected_sum(survivors))
+    assert f"client {dropped}'s secret" in s.server.misbehaved[liar]
