@@ -7,7 +7,11 @@ their mask keys and regenerate every pairwise mask they shared with a survivor.
 
     python -m benchmarks.secagg --clients 100 --params 100000 --dropout 0.1 --graph complete
 
-Last stdout line (JSON): client_s_mean, client_s_max (seconds of one client's work over the
+The round runs in authenticated (active) mode, the default: signed keys and share commitments,
+signed partner attestations, and the survivor list signed by a quorum that every client checks
+(``--semi-honest`` runs the unauthenticated opt-in instead).
+
+Last stdout line (JSON): active, quorum, client_s_mean, client_s_max (seconds of one client's work over the
 round), server_s, degree, threshold, dropped, upload_bytes_per_client (mean over the clients
 whose input is in the sum), expansion (that / 4M), exact (the unmasked sum equals the plain
 sum of the survivors' encoded inputs, checked), server_unmask_s (the unmask stage: taking the
@@ -28,6 +32,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from benchmarks._common import emit, log
 from protocols.masked import choose_parameters, run_round
+from protocols.masked.policy import survivor_quorum
 from protocols.masked.simulation import DROP_STAGES, build_round
 from protocols.transport import InMemoryTransport
 from secagg.encoding import FixedPointEncoder
@@ -47,7 +52,8 @@ def build(n: int, length: int, *, graph: str, dropout: float, active: bool, seed
     built = build_round(updates=updates, weights=weights,
                         rngs={c: np.random.default_rng(seeds[c]) for c in ids}, encoder=encoder,
                         degree=chosen.degree, threshold=chosen.threshold, round_index=1,
-                        identities={c: SigningKey.generate() for c in ids} if active else None)
+                        identities={c: SigningKey.generate() for c in ids} if active else None,
+                        active=active, corrupt=0.1)
     return built.server, built.clients, encoder, built.graph, chosen, updates, weights, seeds
 
 
@@ -68,15 +74,17 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--graph", choices=("complete", "harary"), default="complete")
     parser.add_argument("--dropout-stage", default="2", choices=("random",) + tuple(map(str, DROP_STAGES)))
-    parser.add_argument("--active", action="store_true", help="signed keys + consistency check")
+    parser.add_argument("--semi-honest", action="store_true",
+                        help="the unauthenticated opt-in (no signatures, no consistency check)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    warm = build(5, 16, graph="complete", dropout=0.1, active=args.active, seed=1)
+    active = not args.semi_honest
+    warm = build(5, 16, graph="complete", dropout=0.1, active=active, seed=1)
     run_round(warm[0], warm[1])
 
     server, clients, encoder, ring, chosen, updates, weights, seeds = build(
-        args.clients, args.params, graph=args.graph, dropout=args.dropout, active=args.active, seed=args.seed)
+        args.clients, args.params, graph=args.graph, dropout=args.dropout, active=active, seed=args.seed)
     rng = np.random.default_rng(args.seed + 1)
     n_drop = int(round(args.dropout * args.clients))
     victims = rng.choice(sorted(clients), size=n_drop, replace=False)
@@ -113,7 +121,8 @@ def main() -> None:
     times = [trace.client_seconds[c] for c in clients if c not in drops]
     upload = float(np.mean([transport.uploaded[c] for c in survivors]))
     emit({
-        "clients": args.clients, "params": args.params, "graph": args.graph, "active": args.active,
+        "clients": args.clients, "params": args.params, "graph": args.graph, "active": active,
+        "quorum": survivor_quorum(args.clients, 0.1) if active else 0,
         "dropout": args.dropout, "dropout_stage": args.dropout_stage,
         "client_s_mean": round(float(np.mean(times)), 4), "client_s_max": round(float(np.max(times)), 4),
         "server_s": round(trace.server_seconds, 4), "degree": chosen.degree, "threshold": chosen.threshold,

@@ -89,7 +89,10 @@ class SecureConfig:
     clip: float = _opt(1.0, "a number > 0 (update coordinates clipped to [-clip, clip])", _positive)
     bits: int = _opt(16, "an integer in [1, 32] (quantisation bits per coordinate)",
                      lambda v: 1 <= v <= 32)
-    active: bool = _opt(False, "true or false (signed keys and survivor list: lying server)")
+    active: bool = _opt(True, "true or false (true: authenticated, against a lying server; false: "
+                              "semi-honest opt-in, only for a server that follows the protocol)")
+    corrupt: float = _opt(0.1, "a number in [0, 1) (fraction of clients assumed to collude with the "
+                               "server; sets the clients' threshold floor)", lambda v: 0 <= v < 1)
     key_bits: int = _opt(2048, "2048 or 3072 (Paillier modulus bits)", choices=(2048, 3072))
     custody: str = _opt("key_holder", "one of key_holder, threshold (who can decrypt a Paillier sum)",
                         choices=("key_holder", "threshold"))
@@ -272,7 +275,7 @@ MIN_MASKING_CLIENTS = 3
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
-    masking_only = (("graph", "complete"), ("active", False))
+    masking_only = (("graph", "complete"), ("active", True), ("corrupt", 0.1))
     paillier_only = (("key_bits", 2048), ("custody", "key_holder"))
     if secure.aggregation != "masking":
         _require_defaults(secure, masking_only, "masking")
@@ -386,18 +389,24 @@ def _require_defaults(secure: SecureConfig, keys: tuple[tuple[str, Any], ...], n
 
 
 def _check_threshold(secure: SecureConfig, clients_per_round: int) -> None:
-    """The configured threshold must lie in (degree / 2, degree] for the graph the rule picks."""
+    """The configured threshold must lie in [floor, degree] for the graph the rule picks, where
+    floor is the smallest threshold every client accepts (the rule clients enforce themselves)."""
     import numpy as np
 
     from protocols.masked import MaskedAggregation
+    from protocols.masked.policy import minimum_threshold
 
     protocol = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), graph=secure.graph,
-                                 dropout=secure.dropout, active=secure.active)
+                                 dropout=secure.dropout, active=secure.active,
+                                 tolerated_corrupt=secure.corrupt)
     degree = protocol.parameters(clients_per_round)[0]
-    if not degree // 2 < secure.threshold <= degree:
-        raise ConfigError("secure.threshold", f"must be in ({degree // 2}, {degree}] for the "
-                                              f"{secure.graph} graph of {clients_per_round} clients "
-                                              f"(degree {degree}); got {secure.threshold}")
+    floor = minimum_threshold(clients_per_round, degree, secure.corrupt, active=secure.active)
+    if not floor <= secure.threshold <= degree:
+        mode = "authenticated" if secure.active else "semi-honest"
+        raise ConfigError("secure.threshold", f"must be in [{floor}, {degree}] for the {secure.graph} "
+                                              f"graph of {clients_per_round} clients (degree {degree}, "
+                                              f"{mode} mode, secure.corrupt = {secure.corrupt}: the "
+                                              f"clients refuse less); got {secure.threshold}")
 
 
 def training_samples(dataset: str, test_fraction: float) -> int:

@@ -36,6 +36,7 @@ from protocols.encoding import (
 )
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.masked.graph import choose_parameters
+from protocols.masked.policy import minimum_threshold
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
 from protocols.transport import InMemoryTransport
 from secagg.errors import SecAggError
@@ -56,7 +57,8 @@ class MaskedAggregation(AggregationProtocol):
         tolerated_dropout: dropout fraction the graph rule provisions for (default: max(0.1, 2 x
             dropout), capped below 1).
         tolerated_corrupt: fraction of clients assumed to collude with the server, in [0, 1).
-        active: signed keys and a signed survivor list (consistency check) against a lying server.
+        active: authenticated mode (default): signed keys, attestations and survivor list, against a
+            lying server. False is the semi-honest opt-in (a server that follows the protocol).
         reproducible: draw the ring order from ``rng`` too, so identical runs give identical
             rounds (experiments only: whoever knows the seed knows the ring).
         rng: the run's generator (dropout draws and stochastic rounding; never cryptography).
@@ -67,7 +69,7 @@ class MaskedAggregation(AggregationProtocol):
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0, bits: int = 16,
                  graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
                  tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
-                 active: bool = False, reproducible: bool = False) -> None:
+                 active: bool = True, reproducible: bool = False) -> None:
         check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if graph not in ("complete", "harary"):
             raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
@@ -103,9 +105,11 @@ class MaskedAggregation(AggregationProtocol):
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
                                    graph=self.graph, active=self.active)
         threshold = self.threshold or chosen.threshold
-        if not chosen.degree // 2 < threshold <= chosen.degree:
-            raise ProtocolAbort(f"threshold {threshold} is outside ({chosen.degree // 2}, "
-                                f"{chosen.degree}] for {n} clients")
+        floor = minimum_threshold(n, chosen.degree, self.tolerated_corrupt, active=self.active)
+        if not floor <= threshold <= chosen.degree:
+            raise ProtocolAbort(f"threshold {threshold} is outside [{floor}, {chosen.degree}] for {n} "
+                                f"clients (the clients' floor for corrupt fraction "
+                                f"{self.tolerated_corrupt})")
         return chosen.degree, threshold
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
@@ -128,8 +132,8 @@ class MaskedAggregation(AggregationProtocol):
             weights={u.client_id: int(u.weight) for u in valid},
             rngs={c: np.random.default_rng(self.rng.integers(0, 2**63 - 1)) for c in ids},
             encoder=encoder, degree=degree, threshold=threshold, round_index=round_index,
-            identities=identities, noise=noise.draw if noise else None,
-            ring_rng=self.rng if self.reproducible else None)
+            identities=identities, active=self.active, corrupt=self.tolerated_corrupt,
+            noise=noise.draw if noise else None, ring_rng=self.rng if self.reproducible else None)
         server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:

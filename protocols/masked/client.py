@@ -8,6 +8,13 @@ Every abort rule is an explicit check that raises :class:`ClientAbort` with a re
 an abort the client answers nothing again. An honest client never reveals both the self-mask
 seed and the mask key of one neighbour, never reveals its own, and never unmasks for a session
 or round other than the one it was started for.
+
+Active (authenticated, the default) mode adds the rules of docs/secure-aggregation.md: every key
+entry it uses carries its owner's long-term signature; it signs at most one survivor list S per
+round; it reveals anything only after seeing signatures on that same S from a quorum
+q > (n + c) / 2 of the ring; it reveals a share of v's seed only if v is in S and v's signed
+partner attestation shows at least t partners in S, and a share of w's mask key only if w is
+not in S. It refuses any threshold below the floor of :mod:`protocols.masked.policy`.
 """
 
 from __future__ import annotations
@@ -23,13 +30,17 @@ from protocols.errors import ClientAbort, MalformedMessage
 from protocols.masked import messages as m
 from protocols.masked.graph import RingGraph
 from protocols.masked.keys import (
+    attestation_message,
+    commitment_digest,
     consistency_message,
     key_message,
     mask_key,
     self_mask_key,
     share_box_context,
     share_box_key,
+    share_hash,
 )
+from protocols.masked.policy import minimum_threshold, survivor_quorum
 from secagg import keys as crypto
 from secagg import shamir
 from secagg.encoding import Encoded, FixedPointEncoder
@@ -51,20 +62,34 @@ BOTH_LISTS = "a client listed as both alive and dropped"
 SELF_DROPPED = "itself listed as dropped"
 FEW_SURVIVORS = "too few survivors"
 INCONSISTENT = "survivor lists disagree"
+ATTESTATION = "a survivor's partner attestation is missing, invalid or names fewer than t survivors"
 ABORTED = "client has aborted"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClientPolicy:
     """What an honest client insists on before taking part.
 
     Attributes:
-        require_active: refuse sessions not run in active (signed, consistency-checked) mode.
-        max_length: largest vector length it accepts, bounding the memory a server can demand.
+        require_active: refuse sessions not run in active (authenticated) mode. Default True;
+            False is the semi-honest opt-in, safe only against a server that follows the protocol.
+        corrupt: fraction of the ring it assumes colludes with the server, in [0, 1). It fixes
+            c = floor(corrupt * n), the threshold floor and the survivor quorum it accepts
+            (:mod:`protocols.masked.policy`).
+        max_length: largest vector length it accepts, bounding the memory a server can demand, >= 1.
     """
 
-    require_active: bool = False
+    require_active: bool = True
+    corrupt: float = 0.1
     max_length: int = 1 << 28
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.require_active, bool):
+            raise ValueError(f"require_active must be a bool, got {self.require_active!r}")
+        if not (isinstance(self.corrupt, int | float) and 0 <= self.corrupt < 1):
+            raise ValueError(f"corrupt must be in [0, 1), got {self.corrupt!r}")
+        if not (isinstance(self.max_length, int) and self.max_length >= 1):
+            raise ValueError(f"max_length must be an integer >= 1, got {self.max_length!r}")
 
 
 @dataclass
@@ -89,6 +114,10 @@ class _Context:
     received: dict[int, tuple[int, int]] = field(default_factory=dict)
     survivors: tuple[int, ...] = ()
     seed: bytes = b""
+    shares: np.ndarray | None = None
+    commitments: bytes = b""
+    quorum: int = 0
+    digest: bytes = b""
     box_keys: dict[int, bytes] = field(default_factory=dict)
     clipped: int = 0
 
@@ -137,10 +166,13 @@ class _AwaitParams(_Stage):
             graph = RingGraph(tuple(p.ring), p.degree)
         except SecAggError:
             raise ClientAbort(UNSAFE_PARAMS) from None
-        if (ctx.client_id not in graph or not (p.degree // 2 < p.threshold <= p.degree)
-                or p.threshold < 2 or p.length != ctx.update.size or p.length > ctx.policy.max_length
+        if (ctx.client_id not in graph or p.length != ctx.update.size or p.length > ctx.policy.max_length
                 or p.max_clients < len(p.ring) or (ctx.policy.require_active and not p.active)
                 or (p.active and (ctx.signing_key is None or any(c not in ctx.directory for c in p.ring)))):
+            raise ClientAbort(UNSAFE_PARAMS)
+        n = len(p.ring)
+        floor = minimum_threshold(n, p.degree, ctx.policy.corrupt, active=p.active)
+        if not floor <= p.threshold <= p.degree:
             raise ClientAbort(UNSAFE_PARAMS)
         try:
             encoder = FixedPointEncoder(clip=p.clip, bits=p.bits, max_clients=p.max_clients,
@@ -156,13 +188,26 @@ class _AwaitParams(_Stage):
             encoded.words[:-2] += extra.astype(encoded.words.dtype)
         ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
         ctx.clipped = encoded.clipped
+        ctx.quorum = survivor_quorum(n, ctx.policy.corrupt)
+        ctx.digest = m.params_digest(p)
         ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
+        # Both secrets are shared now, at x = 1..k, so the commitment can be signed with the keys.
+        ctx.seed = os.urandom(shamir.SECRET_BYTES)
+        ctx.shares = shamir.split([ctx.seed, ctx.masking.private], threshold=p.threshold,
+                                  xs=range(1, p.degree + 1))
+        ctx.commitments = b"".join(
+            share_hash(ctx.session, ctx.round_index, ctx.client_id, x, kind,
+                       shamir.share_to_bytes(int(ctx.shares[kind, x - 1])))
+            for x in range(1, p.degree + 1) for kind in (m.SHARE_OF_SEED, m.SHARE_OF_MASK_KEY))
+        commitment = commitment_digest(ctx.commitments)
         signature = b""
         if p.active:
             assert ctx.signing_key is not None
             signature = ctx.signing_key.sign(key_message(ctx.session, ctx.round_index, ctx.client_id,
-                                                         ctx.encryption.public, ctx.masking.public))
-        entry = m.KeyEntry(ctx.client_id, ctx.encryption.public, ctx.masking.public, signature)
+                                                         ctx.encryption.public, ctx.masking.public,
+                                                         commitment, params=ctx.digest))
+        entry = m.KeyEntry(ctx.client_id, ctx.encryption.public, ctx.masking.public, commitment,
+                           signature)
         return _AwaitKeyList(ctx), ctx.reply(m.AdvertiseKeys(entry))
 
 
@@ -177,7 +222,8 @@ class _AwaitKeyList(_Stage):
             raise ClientAbort(DUPLICATE_KEYS)
         own = [e for e in body.entries if e.client == ctx.client_id]
         if (len(own) != 1 or own[0].encryption_key != ctx.encryption.public
-                or own[0].mask_key != ctx.masking.public):
+                or own[0].mask_key != ctx.masking.public
+                or own[0].commitment != commitment_digest(ctx.commitments)):
             raise ClientAbort(OWN_KEY)
         all_keys = [e.encryption_key for e in body.entries] + [e.mask_key for e in body.entries]
         if len(set(all_keys)) != len(all_keys):
@@ -194,27 +240,28 @@ class _AwaitKeyList(_Stage):
                 try:
                     crypto.verify(ctx.directory[e.client], e.signature,
                                   key_message(ctx.session, ctx.round_index, e.client,
-                                              e.encryption_key, e.mask_key))
+                                              e.encryption_key, e.mask_key, e.commitment,
+                                              params=ctx.digest))
                 except CryptoError:
                     raise ClientAbort(BAD_SIGNATURE) from None
         neighbours = {e.client: e for e in body.entries if e.client != ctx.client_id}
         if len(neighbours) < ctx.threshold:
             raise ClientAbort(FEW_NEIGHBOURS)
         ctx.neighbour_keys = neighbours
-        seed = os.urandom(shamir.SECRET_BYTES)
-        ctx.seed = seed
-        holders = sorted(neighbours, key=lambda v: ctx.graph.x_of(ctx.client_id, v))
-        xs = [ctx.graph.x_of(ctx.client_id, v) for v in holders]
-        shares = shamir.split([seed, ctx.masking.private], threshold=ctx.threshold, xs=xs)
+        shares = ctx.shares
+        assert shares is not None
         sealed = []
-        for j, v in enumerate(holders):
-            plaintext = shamir.share_to_bytes(int(shares[0, j])) + shamir.share_to_bytes(int(shares[1, j]))
+        for v in sorted(neighbours, key=lambda v: ctx.graph.x_of(ctx.client_id, v)):
+            x = ctx.graph.x_of(ctx.client_id, v)
+            plaintext = (shamir.share_to_bytes(int(shares[0, x - 1]))
+                         + shamir.share_to_bytes(int(shares[1, x - 1])))
             box = share_box_key(ctx.encryption, neighbours[v].encryption_key,
                                 ctx.session, ctx.round_index, ctx.client_id, v)
             ctx.box_keys[v] = box
             sealed.append((v, crypto.seal(box, plaintext, share_box_context(
                 ctx.session, ctx.round_index, ctx.client_id, v))))
-        return _AwaitShares(ctx), ctx.reply(m.ShareKeys(tuple(sealed)))
+        ctx.shares = None
+        return _AwaitShares(ctx), ctx.reply(m.ShareKeys(tuple(sealed), ctx.commitments))
 
 
 class _AwaitShares(_Stage):
@@ -251,8 +298,17 @@ class _AwaitShares(_Stage):
             expander.add_into(key, words, sign=+1 if ctx.client_id < v else -1)
         ctx.encoder.reduce(words)
         ctx.encoded = None  # the unmasked input is no longer needed
+        bits = bytearray((ctx.params.degree + 7) // 8)
+        for v in ctx.received:
+            x = ctx.graph.x_of(ctx.client_id, v)
+            bits[(x - 1) // 8] |= 1 << ((x - 1) % 8)
+        partners, signature = bytes(bits), b""
+        if ctx.params.active:
+            signature = ctx.signing_key.sign(attestation_message(ctx.session, ctx.round_index,
+                                                                 ctx.client_id, partners,
+                                                                 params=ctx.digest))
         nxt: _Stage = _AwaitConsistency(ctx) if ctx.params.active else _AwaitUnmask(ctx)
-        return nxt, ctx.reply(m.MaskedInput(ctx.encoder.to_bytes(words)))
+        return nxt, ctx.reply(m.MaskedInput(ctx.encoder.to_bytes(words), partners, signature))
 
 
 class _AwaitConsistency(_Stage):
@@ -265,10 +321,12 @@ class _AwaitConsistency(_Stage):
             raise ClientAbort(UNKNOWN_CLIENT)
         if ctx.client_id not in survivors:
             raise ClientAbort(SELF_DROPPED)
-        if sum(1 for v in survivors if v in ctx.received) < ctx.threshold:
+        # Signing S also attests that at least t of the partners it masked with are in S.
+        if sum(1 for v in survivors if v in ctx.received) < ctx.threshold or len(survivors) < ctx.quorum:
             raise ClientAbort(FEW_SURVIVORS)
         ctx.survivors = survivors
-        signature = ctx.signing_key.sign(consistency_message(ctx.session, ctx.round_index, survivors))
+        signature = ctx.signing_key.sign(consistency_message(ctx.session, ctx.round_index, survivors,
+                                                             params=ctx.digest))
         return _AwaitUnmask(ctx), ctx.reply(m.ConsistencySignature(signature))
 
 
@@ -304,7 +362,7 @@ class _AwaitUnmask(_Stage):
         survivors = set(ctx.survivors)
         if not alive <= survivors or dropped & survivors:
             raise ClientAbort(INCONSISTENT)
-        message = consistency_message(ctx.session, ctx.round_index, ctx.survivors)
+        message = consistency_message(ctx.session, ctx.round_index, ctx.survivors, params=ctx.digest)
         signers = set()
         for v, signature in body.signatures:
             if v in signers or v not in survivors or v not in ctx.graph:
@@ -314,8 +372,41 @@ class _AwaitUnmask(_Stage):
             except CryptoError:
                 raise ClientAbort(BAD_SIGNATURE) from None
             signers.add(v)
-        if len(signers - {ctx.client_id}) < ctx.threshold:
+        # Uniqueness: q > (n + c) / 2 signers means no other list can also have reached q.
+        if len(signers) < ctx.quorum:
             raise ClientAbort(FEW_SURVIVORS)
+        self._check_attestations(body, alive - {ctx.client_id} - signers, survivors)
+
+    def _check_attestations(self, body: m.UnmaskRequest, unsigned: set[int], survivors: set[int]) -> None:
+        """Every survivor whose seed share it reveals showed >= t of its partners in S.
+
+        A survivor that signed S checked this itself before signing (:class:`_AwaitConsistency`);
+        for each one in ``unsigned`` (in S, but no signature on S) the request must carry its
+        signed partner attestation, and the client counts its partners in S.
+        """
+        ctx = self.ctx
+        graph, k = ctx.graph, ctx.params.degree
+        assert graph is not None
+        attested = {}
+        for owner, bits, signature in body.attestations:
+            if owner in attested or owner not in unsigned or len(bits) != (k + 7) // 8:
+                raise ClientAbort(ATTESTATION)
+            try:
+                crypto.verify(ctx.directory[owner], signature,
+                              attestation_message(ctx.session, ctx.round_index, owner, bits,
+                                                  params=ctx.digest))
+            except CryptoError:
+                raise ClientAbort(ATTESTATION) from None
+            attested[owner] = bits
+        if set(attested) != unsigned:
+            raise ClientAbort(ATTESTATION)
+        for owner, bits in attested.items():
+            # neighbours() is ordered by x-coordinate, so bit x - 1 belongs to the holder at x.
+            flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=k, bitorder="little")
+            partners_in_s = sum(1 for w, flag in zip(graph.neighbours(owner), flags.tolist(), strict=True)
+                                if flag and w in survivors)
+            if partners_in_s < ctx.threshold:
+                raise ClientAbort(ATTESTATION)
 
 
 class _Done(_Stage):

@@ -7,7 +7,11 @@ rounds, pairs or purposes.
 
 from __future__ import annotations
 
+import hashlib
+
 from secagg import keys as crypto
+
+COMMITMENT_BYTES = 32
 
 
 def mask_key(own: crypto.KeyPair, peer_public: bytes, session: bytes, round_index: int, u: int,
@@ -38,12 +42,35 @@ def share_box_context(session: bytes, round_index: int, sender: int, recipient: 
 
 
 def key_message(session: bytes, round_index: int, client: int, encryption_key: bytes,
-                mask_public: bytes) -> bytes:
-    """The statement a client signs when it advertises its keys (active mode)."""
+                mask_public: bytes, commitment: bytes, *, params: bytes) -> bytes:
+    """The statement a client signs when it advertises its keys and its share commitment.
+
+    Every signed statement carries ``params``, the digest of the session parameters the signer
+    was sent (:func:`protocols.masked.messages.params_digest`), so clients shown different rings,
+    degrees or thresholds can never use each other's keys, lists or attestations."""
     context = crypto.context_bytes(session, round_index, client)
-    return b"advertise-keys" + context + encryption_key + mask_public
+    return b"advertise-keys" + context + params + encryption_key + mask_public + commitment
 
 
-def consistency_message(session: bytes, round_index: int, survivors: tuple[int, ...]) -> bytes:
+def share_hash(session: bytes, round_index: int, owner: int, x: int, kind: int, share: bytes) -> bytes:
+    """SHA-256 commitment to one serialized Shamir share (kind 0 = seed, 1 = mask key) at ``x``."""
+    return hashlib.sha256(b"fedsec/secagg/v1/share" + crypto.context_bytes(
+        session, round_index, owner, x, kind) + share).digest()
+
+
+def commitment_digest(hashes: bytes) -> bytes:
+    """The 32-byte commitment bound into the signed key entry: SHA-256 of all share hashes."""
+    return hashlib.sha256(b"fedsec/secagg/v1/share-commitments" + hashes).digest()
+
+
+def attestation_message(session: bytes, round_index: int, client: int, partners: bytes, *,
+                        params: bytes) -> bytes:
+    """The statement a client signs with its masked input: the bitmap (by x-coordinate, bit
+    x - 1 of byte (x - 1) // 8, least significant first) of the neighbours it masked with."""
+    return b"masked-with" + crypto.context_bytes(session, round_index, client) + params + partners
+
+
+def consistency_message(session: bytes, round_index: int, survivors: tuple[int, ...], *,
+                        params: bytes) -> bytes:
     """The statement a client signs over the survivor list (active mode)."""
-    return b"survivors" + crypto.context_bytes(session, round_index, *sorted(survivors))
+    return b"survivors" + params + crypto.context_bytes(session, round_index, *sorted(survivors))

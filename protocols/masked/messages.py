@@ -7,6 +7,7 @@ the receiver expects (kind, session, round, sender or recipient) before the body
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import ClassVar
 
 from protocols.errors import MalformedMessage
 from protocols.wire import Reader, Writer
+from protocols.masked.keys import COMMITMENT_BYTES
 from secagg.keys import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
 from secagg.shamir import SHARE_BYTES
 
@@ -25,8 +27,11 @@ SHARE_OF_MASK_KEY = 1
 SEALED_BYTES = NONCE_BYTES + 2 * SHARE_BYTES + TAG_BYTES
 """Size of one sealed share bundle: nonce, the two shares, the GCM tag."""
 
-_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s")
-_SIGNED_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s{SIGNATURE_BYTES}s")
+SHARE_HASHES_PER_HOLDER = 2
+"""Share commitments per holder: SHA-256 of its seed share, then of its mask-key share."""
+
+_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s{COMMITMENT_BYTES}s")
+_SIGNED_KEY = struct.Struct(f">Q{KEY_BYTES}s{KEY_BYTES}s{COMMITMENT_BYTES}s{SIGNATURE_BYTES}s")
 _SEALED = struct.Struct(f">Q{SEALED_BYTES}s")
 _SIGNATURE = struct.Struct(f">Q{SIGNATURE_BYTES}s")
 _SHARE = struct.Struct(f">QB{SHARE_BYTES}s")
@@ -74,9 +79,13 @@ class SessionParams:
 
 @dataclass(frozen=True)
 class KeyEntry:
+    """One client's advertised keys: X25519 encryption and mask public keys, the digest of its
+    share commitments, and (active mode) its long-term signature over all of them."""
+
     client: int
     encryption_key: bytes
     mask_key: bytes
+    commitment: bytes
     signature: bytes
 
 
@@ -86,9 +95,10 @@ def _write_key_entries(w: Writer, entries: tuple[KeyEntry, ...]) -> None:
         raise MalformedMessage("key entries must all be signed or all unsigned")
     w.u8(int(signed))
     if signed:
-        w.records(_SIGNED_KEY, [(e.client, e.encryption_key, e.mask_key, e.signature) for e in entries])
+        w.records(_SIGNED_KEY, [(e.client, e.encryption_key, e.mask_key, e.commitment, e.signature)
+                                for e in entries])
     else:
-        w.records(_KEY, [(e.client, e.encryption_key, e.mask_key) for e in entries])
+        w.records(_KEY, [(e.client, e.encryption_key, e.mask_key, e.commitment) for e in entries])
 
 
 def _read_key_entries(r: Reader) -> tuple[KeyEntry, ...]:
@@ -97,7 +107,7 @@ def _read_key_entries(r: Reader) -> tuple[KeyEntry, ...]:
         raise MalformedMessage("bad signature flag")
     if signed:
         return tuple(KeyEntry(*row) for row in r.records(_SIGNED_KEY))
-    return tuple(KeyEntry(c, e, k, b"") for c, e, k in r.records(_KEY))
+    return tuple(KeyEntry(c, e, k, h, b"") for c, e, k, h in r.records(_KEY))
 
 
 @dataclass(frozen=True)
@@ -133,43 +143,75 @@ class KeyList:
         return cls(_read_key_entries(r))
 
 
+def _write_sealed(w: Writer, sealed: tuple[tuple[int, bytes], ...]) -> None:
+    if any(len(blob) != SEALED_BYTES for _, blob in sealed):
+        raise MalformedMessage(f"sealed share bundles are {SEALED_BYTES} bytes")
+    w.records(_SEALED, sealed)
+
+
 @dataclass(frozen=True)
 class ShareKeys:
-    """Client -> server: one sealed share bundle per neighbour, keyed by recipient."""
+    """Client -> server: one sealed share bundle per neighbour, keyed by recipient, and the
+    commitments to its shares: for x = 1..k, SHA-256 of the seed share then of the mask-key share
+    (:func:`protocols.masked.keys.share_hash`); their digest is in its signed key entry."""
 
     KIND: ClassVar[int] = 4
     sealed: tuple[tuple[int, bytes], ...]
+    commitments: bytes = b""
 
     def write(self, w: Writer) -> None:
-        if any(len(blob) != SEALED_BYTES for _, blob in self.sealed):
-            raise MalformedMessage(f"sealed share bundles are {SEALED_BYTES} bytes")
-        w.records(_SEALED, self.sealed)
+        _write_sealed(w, self.sealed)
+        w.blob(self.commitments)
 
     @classmethod
     def read(cls, r: Reader) -> ShareKeys:
-        return cls(tuple(r.records(_SEALED)))
+        sealed = tuple(r.records(_SEALED))
+        commitments = bytes(r.view())
+        if len(commitments) % (SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES):
+            raise MalformedMessage("share commitments are not whole hashes")
+        return cls(sealed, commitments)
 
 
 @dataclass(frozen=True)
-class ForwardedShares(ShareKeys):
+class ForwardedShares:
     """Server -> client: the sealed bundles addressed to it, keyed by sender."""
 
     KIND: ClassVar[int] = 5
+    sealed: tuple[tuple[int, bytes], ...]
+
+    def write(self, w: Writer) -> None:
+        _write_sealed(w, self.sealed)
+
+    @classmethod
+    def read(cls, r: Reader) -> ForwardedShares:
+        return cls(tuple(r.records(_SEALED)))
+
+
+def _signature_or_none(r: Reader) -> bytes:
+    signature = bytes(r.view())
+    if len(signature) not in (0, SIGNATURE_BYTES):
+        raise MalformedMessage(f"a signature is {SIGNATURE_BYTES} bytes")
+    return signature
 
 
 @dataclass(frozen=True)
 class MaskedInput:
-    """Client -> server: its masked input words, ceil(b / 8) bytes each."""
+    """Client -> server: its masked input words, ceil(b / 8) bytes each, and its attestation of
+    the partners it masked with (a bitmap by x-coordinate; signed in active mode)."""
 
     KIND: ClassVar[int] = 6
     words: bytes | memoryview
+    partners: bytes = b""
+    signature: bytes = b""
 
     def write(self, w: Writer) -> None:
-        w.blob(bytes(self.words))
+        if len(self.signature) not in (0, SIGNATURE_BYTES):
+            raise MalformedMessage(f"signatures are {SIGNATURE_BYTES} bytes")
+        w.blob(bytes(self.words)).blob(self.partners).blob(self.signature)
 
     @classmethod
     def read(cls, r: Reader) -> MaskedInput:
-        return cls(r.view())
+        return cls(r.view(), bytes(r.view()), _signature_or_none(r))
 
 
 @dataclass(frozen=True)
@@ -204,22 +246,40 @@ class ConsistencySignature:
 
 @dataclass(frozen=True)
 class UnmaskRequest:
-    """Server -> client: neighbours alive and dropped (active mode: survivors' signatures too)."""
+    """Server -> client: neighbours alive and dropped; in active mode also the signatures over
+    the survivor list and, for each alive neighbour asked about that did not sign it, its signed
+    partner attestation (owner, partner bitmap, signature), all bitmaps of one size."""
 
     KIND: ClassVar[int] = 9
     alive: tuple[int, ...]
     dropped: tuple[int, ...]
     signatures: tuple[tuple[int, bytes], ...] = ()
+    attestations: tuple[tuple[int, bytes, bytes], ...] = ()
 
     def write(self, w: Writer) -> None:
         if any(len(sig) != SIGNATURE_BYTES for _, sig in self.signatures):
             raise MalformedMessage(f"signatures are {SIGNATURE_BYTES} bytes")
+        size = len(self.attestations[0][1]) if self.attestations else 0
+        if any(len(bits) != size for _, bits, _ in self.attestations):
+            raise MalformedMessage("attestation bitmaps differ in size")
         w.ids(self.alive).ids(self.dropped).records(_SIGNATURE, self.signatures)
+        w.u32(size).records(_attestation_layout(size), self.attestations)
 
     @classmethod
     def read(cls, r: Reader) -> UnmaskRequest:
-        alive, dropped = r.ids(), r.ids()
-        return cls(alive, dropped, tuple(r.records(_SIGNATURE)))
+        alive, dropped, signatures = r.ids(), r.ids(), tuple(r.records(_SIGNATURE))
+        size = r.u32()
+        if size > MAX_BITMAP_BYTES:
+            raise MalformedMessage("attestation bitmap too large")
+        return cls(alive, dropped, signatures, tuple(r.records(_attestation_layout(size))))
+
+
+MAX_BITMAP_BYTES = 1 << 17
+"""Largest partner bitmap accepted (degrees up to 2^20)."""
+
+
+def _attestation_layout(size: int) -> struct.Struct:
+    return struct.Struct(f">Q{size}s{SIGNATURE_BYTES}s")
 
 
 @dataclass(frozen=True)
@@ -240,6 +300,13 @@ class UnmaskResponse:
         if any(which not in (SHARE_OF_SEED, SHARE_OF_MASK_KEY) for _, which, _ in shares):
             raise MalformedMessage("unknown share kind")
         return cls(shares)
+
+
+def params_digest(params: SessionParams) -> bytes:
+    """SHA-256 of the canonical encoding of the session parameters (bound into every signature)."""
+    w = Writer()
+    params.write(w)
+    return hashlib.sha256(b"fedsec/secagg/v1/params" + w.getvalue()).digest()
 
 
 MESSAGE_TYPES = {cls.KIND: cls for cls in (SessionParams, AdvertiseKeys, KeyList, ShareKeys,

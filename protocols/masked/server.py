@@ -5,6 +5,11 @@ stage, :meth:`MaskedServer.receive` takes the clients' answers (a malformed or u
 removes its sender from the round and is counted, never trusted), :meth:`MaskedServer.close`
 ends the stage. A stage that leaves fewer than t clients, or any client of the sum with fewer than
 t answering share holders, raises :class:`protocols.errors.ProtocolAbort`: never a wrong sum.
+
+A client removed from the round (its message was malformed or invalid) is listed in
+:attr:`MaskedServer.rejected` and is never in the sum. Misbehaviour that does not remove a client
+(a repeated message; a share at unmasking that does not match its owner's commitment, which is then
+left out of the reconstruction) is listed in :attr:`MaskedServer.misbehaved`.
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.masked import messages as m
 from protocols.masked.graph import RingGraph
 from protocols.masked.keys import (
+    COMMITMENT_BYTES,
+    attestation_message,
+    commitment_digest,
     consistency_message,
     key_message,
     mask_key,
     self_mask_key,
+    share_hash,
 )
+from protocols.masked.policy import minimum_threshold, survivor_quorum
 from secagg import keys as crypto
 from secagg import shamir
 from secagg.encoding import FixedPointEncoder
@@ -41,12 +51,17 @@ class _Round:
     params: m.SessionParams
     encoder: FixedPointEncoder
     directory: Mapping[int, bytes]
+    quorum: int
+    digest: bytes
     keys: dict[int, m.KeyEntry] = field(default_factory=dict)
     sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    commitments: dict[int, bytes] = field(default_factory=dict)
+    attestations: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     total: np.ndarray | None = None
     survivors: tuple[int, ...] = ()
     signatures: dict[int, bytes] = field(default_factory=dict)
     rejected: dict[int, str] = field(default_factory=dict)
+    misbehaved: dict[int, str] = field(default_factory=dict)
 
     @property
     def threshold(self) -> int:
@@ -105,7 +120,8 @@ class _AdvertiseKeys(_Stage):
             try:
                 crypto.verify(self.r.directory[sender], e.signature,
                               key_message(self.r.session, self.r.round_index, sender,
-                                          e.encryption_key, e.mask_key))
+                                          e.encryption_key, e.mask_key, e.commitment,
+                                          params=self.r.digest))
             except CryptoError:
                 raise MalformedMessage("key signature does not verify") from None
 
@@ -138,10 +154,15 @@ class _ShareKeys(_Stage):
         expected = {v for v in self.r.graph.neighbours(sender) if v in self.r.keys}
         if len(set(recipients)) != len(recipients) or set(recipients) != expected:
             raise MalformedMessage("share bundles are not addressed to exactly the neighbours")
+        size = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES * self.r.graph.degree
+        if (len(body.commitments) != size
+                or commitment_digest(body.commitments) != self.r.keys[sender].commitment):
+            raise MalformedMessage("share commitments do not match the advertised digest")
 
     def close(self) -> _Stage:
         for c, body in self.answers.items():
             self.r.sealed[c] = dict(body.sealed)
+            self.r.commitments[c] = body.commitments
         self.r.require(len(self.answers), self.name)
         return _MaskedInput(self.r, tuple(sorted(self.answers)))
 
@@ -163,6 +184,18 @@ class _MaskedInput(_Stage):
             words = self.r.encoder.from_bytes(body.words, self.r.params.length + 2)
         except SecAggError:
             raise MalformedMessage("masked input has the wrong size or range") from None
+        if words.size and int(words.max()) >> self.r.encoder.modulus_bits:
+            raise MalformedMessage("masked input has a word outside the modulus")
+        if self.r.params.active:
+            if len(body.partners) != (self.r.graph.degree + 7) // 8:
+                raise MalformedMessage("partner attestation has the wrong size")
+            try:
+                crypto.verify(self.r.directory[sender], body.signature,
+                              attestation_message(self.r.session, self.r.round_index, sender,
+                                                  body.partners, params=self.r.digest))
+            except CryptoError:
+                raise MalformedMessage("partner attestation does not verify") from None
+            self.r.attestations[sender] = (body.partners, body.signature)
         if self.r.total is None:
             self.r.total = np.zeros(words.size, dtype=self.r.encoder.dtype)
         self.answers[sender] = body
@@ -186,13 +219,17 @@ class _Consistency(_Stage):
     def accept(self, sender: int, body: m.ConsistencySignature) -> None:
         try:
             crypto.verify(self.r.directory[sender], body.signature,
-                          consistency_message(self.r.session, self.r.round_index, self.r.survivors))
+                          consistency_message(self.r.session, self.r.round_index, self.r.survivors,
+                                              params=self.r.digest))
         except CryptoError:
             raise MalformedMessage("survivor signature does not verify") from None
 
     def close(self) -> _Stage:
         self.r.signatures = {c: body.signature for c, body in self.answers.items()}
         self.r.require(len(self.r.signatures), self.name)
+        if len(self.r.signatures) < self.r.quorum:
+            raise ProtocolAbort(f"{self.name}: {len(self.r.signatures)} signature(s) on the survivor "
+                                f"list, the clients' quorum is {self.r.quorum}")
         return _Unmask(self.r, tuple(sorted(self.r.signatures)))
 
 
@@ -218,25 +255,34 @@ class _Unmask(_Stage):
             ask = self.asked[c]
             alive = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_SEED)
             dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
-            sigs = tuple((v, self.r.signatures[v]) for v in sorted(self.r.graph.neighbours(c))
-                         if v in self.r.signatures)
-            out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs))
+            sigs = tuple(sorted(self.r.signatures.items()))
+            attestations = tuple((v, *self.r.attestations[v]) for v in alive
+                                 if self.r.params.active and v not in self.r.signatures)
+            out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs, attestations))
         return out
 
     def accept(self, sender: int, body: m.UnmaskResponse) -> None:
         ask = self.asked[sender]
         shares = body.shares
-        if len(shares) != len(ask) or any(ask.get(o) != k for o, k, _ in shares):
+        owners = [o for o, _, _ in shares]
+        if (len(shares) != len(ask) or len(set(owners)) != len(owners)
+                or any(ask.get(o) != k for o, k, _ in shares)):
             raise MalformedMessage("unmask response does not answer exactly what was asked")
         if max((share for _, _, share in shares), default=b"") >= _PRIME_BYTES:  # fixed-width BE
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        x_of, store = self.r.graph.x_of, self.shares
+        r, store = self.r, self.shares
+        hashes = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES
         for owner, kind, share in shares:
+            x = r.graph.x_of(owner, sender)
+            committed = r.commitments[owner][(x - 1) * hashes + kind * COMMITMENT_BYTES:][:COMMITMENT_BYTES]
+            if share_hash(r.session, r.round_index, owner, x, kind, share) != committed:
+                r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+                continue
             slot = store.get((owner, kind))
             if slot is None:
                 slot = store[(owner, kind)] = {}
-            slot[x_of(owner, sender)] = share
+            slot[x] = share
 
     def _secret(self, owner: int, kind: int) -> bytes:
         points = self.shares.get((owner, kind), {})
@@ -293,18 +339,26 @@ class MaskedServer:
         threshold: t, with degree // 2 < t <= degree.
         encoder: the shared fixed-point encoder (its bound must cover len(ring) clients).
         length: m, the update length (the weight and the clipped count travel as two more words).
-        active: run the signed consistency check (needs ``directory``).
+        active: authenticated mode (default): signed keys, attestations and survivor list (needs
+            ``directory``). False is the semi-honest opt-in.
         directory: long-term Ed25519 public keys of the clients, by id.
+        corrupt: fraction of clients assumed to collude with the server, in [0, 1); the threshold
+            must meet the clients' floor for it (:mod:`protocols.masked.policy`).
     """
 
     def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
-                 encoder: FixedPointEncoder, length: int, active: bool = False,
-                 directory: Mapping[int, bytes] | None = None) -> None:
+                 encoder: FixedPointEncoder, length: int, active: bool = True,
+                 directory: Mapping[int, bytes] | None = None, corrupt: float = 0.1) -> None:
         if len(session) != m.SESSION_BYTES:
             raise ValueError(f"session id must be {m.SESSION_BYTES} bytes")
-        if not graph.degree // 2 < threshold <= graph.degree or threshold < 2:
-            raise ValueError(f"threshold must be in ({graph.degree // 2}, {graph.degree}] and >= 2, "
-                             f"got {threshold}")
+        if not 0 <= corrupt < 1:
+            raise ValueError(f"corrupt must be in [0, 1), got {corrupt}")
+        n = len(graph.ring)
+        floor = minimum_threshold(n, graph.degree, corrupt, active=active)
+        if not floor <= threshold <= graph.degree:
+            raise ValueError(f"threshold must be in [{floor}, {graph.degree}] for {n} clients, degree "
+                             f"{graph.degree}, corrupt fraction {corrupt} "
+                             f"({'active' if active else 'semi-honest'} mode), got {threshold}")
         if encoder.max_clients < len(graph.ring) or encoder.max_length < length:
             raise ValueError("the encoder's max_clients or max_length is below this round's")
         if active and (directory is None or any(c not in directory for c in graph.ring)):
@@ -312,7 +366,8 @@ class MaskedServer:
         params = m.SessionParams(graph.ring, graph.degree, threshold, length, encoder.clip,
                                  encoder.bits, encoder.max_clients, encoder.max_weight,
                                  encoder.max_length, active, encoder.word_slack)
-        self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}))
+        self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
+                             survivor_quorum(n, corrupt) if active else 0, m.params_digest(params))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 
@@ -328,8 +383,14 @@ class MaskedServer:
 
     @property
     def rejected(self) -> dict[int, str]:
-        """Clients removed for a malformed or invalid message, with the reason."""
+        """Clients removed for a malformed or invalid message, with the reason (never in the sum)."""
         return dict(self._round.rejected)
+
+    @property
+    def misbehaved(self) -> dict[int, str]:
+        """Clients that misbehaved without being removed: a repeated or late message, or an
+        unmask share that did not match its commitment (left out of the reconstruction)."""
+        return dict(self._round.misbehaved)
 
     def outgoing(self) -> dict[int, bytes]:
         """Messages of the current stage, by recipient."""
@@ -340,9 +401,11 @@ class MaskedServer:
     def receive(self, sender: int, data: bytes) -> None:
         """Take one client's answer. An invalid one removes the sender and is recorded."""
         stage = self._stage
+        if sender in self._round.rejected:
+            return  # removed from the round: nothing it sends is taken again
         if stage is None or sender not in stage.members or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
-            self._round.rejected.setdefault(sender, "unexpected or repeated message")
+            self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
             return
         try:
             _, body = m.decode(data, expect=stage.expects, session=self._round.session,

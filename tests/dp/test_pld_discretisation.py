@@ -1,5 +1,5 @@
 """The PLD accountant picks its discretisation from the regime: within 0.005 of the tight epsilon
-at the issue's setting and at every setting of the README's reference table, and never below it."""
+at the issue's setting and at every setting of the reference table in docs/privacy.md, and never below it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scipy.stats import norm
 from dp.analysis import pld
 from dp.ledger import GaussianEvent
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 
 TIGHT = {
     (0.01, 4.0, 10_000, 1e-5): 0.94687,
@@ -36,8 +36,8 @@ def exact_gaussian_epsilon(sigma: float, steps: int, delta: float) -> float:
 
 
 def readme_settings() -> list[tuple[float, float, int, float]]:
-    """(q, sigma, steps, delta) of every row of the README's reference-value table."""
-    text = README.read_text()
+    """(q, sigma, steps, delta) of every row of the reference-value table in docs/privacy.md."""
+    text = REFERENCE_PAGE.read_text()
     table = text[text.index("| q | sigma | steps | delta |"):]
     rows = []
     for line in table.splitlines()[2:]:

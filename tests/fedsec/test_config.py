@@ -93,9 +93,18 @@ def test_masking_needs_two_clients_a_round_and_a_reachable_threshold():
         make_config({"secure.aggregation": "masking", "secure.threshold": 4})
     harary = {"secure.aggregation": "masking", "secure.graph": "harary", "data.dataset": "synthetic",
               "data.clients": 100, "data.samples": 2000}
-    make_config(harary | {"secure.threshold": 20})
-    with pytest.raises(ConfigError, match=r"secure.threshold: must be in \(11, 22\] .*degree 22"):
-        make_config(harary | {"secure.threshold": 30})
+    make_config(harary | {"secure.threshold": 24})
+    with pytest.raises(ConfigError, match=r"secure.threshold: must be in \[22, 32\] .*degree 32"):
+        make_config(harary | {"secure.threshold": 40})
+    # The floor is the clients' own rule: below it they would refuse the round.
+    with pytest.raises(ConfigError, match=r"secure.threshold: must be in \[22, 32\] .*refuse less"):
+        make_config(harary | {"secure.threshold": 20})
+    semi_honest = harary | {"secure.active": False}
+    make_config(semi_honest | {"secure.threshold": 20})
+    with pytest.raises(ConfigError, match=r"must be in \[12, 22\] .*semi-honest"):
+        make_config(semi_honest | {"secure.threshold": 11})
+    with pytest.raises(ConfigError, match=r"must be in \[32, 42\] .*secure.corrupt = 0.2"):
+        make_config(harary | {"secure.corrupt": 0.2, "secure.threshold": 31})
 
 
 def test_shards_need_enough_samples():

@@ -36,14 +36,15 @@ class Session:
         return (total % (1 << self.encoder.modulus_bits)).astype(self.encoder.dtype)
 
 
-def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", active: bool = False,
+def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", active: bool = True,
                  threshold: int | None = None, round_index: int = 7, seed: int = 0,
-                 dropout: float = 0.2) -> Session:
+                 dropout: float = 0.2, corrupt: float = 0.1, bits: int = 12) -> Session:
+    """A fresh round of n honest clients; active (authenticated) mode unless ``active=False``."""
     rng = np.random.default_rng(seed)
     ids = [int(x) for x in rng.choice(10_000, size=n, replace=False)]
-    params = choose_parameters(n, dropout=dropout, corrupt=0.1, graph=graph, active=active)
+    params = choose_parameters(n, dropout=dropout, corrupt=corrupt, graph=graph, active=active)
     t = threshold or params.threshold
-    encoder = FixedPointEncoder(clip=1.0, bits=12, max_clients=n, max_weight=100, max_length=length)
+    encoder = FixedPointEncoder(clip=1.0, bits=bits, max_clients=n, max_weight=100, max_length=length)
     identities = {c: SigningKey.generate() for c in ids}
     updates = {c: rng.normal(0, 0.5, length).astype(np.float32) for c in ids}
     weights = {c: int(rng.integers(1, 101)) for c in ids}
@@ -51,6 +52,6 @@ def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", activ
     built = build_round(updates=updates, weights=weights,
                         rngs={c: np.random.default_rng(seeds[c]) for c in ids}, encoder=encoder,
                         degree=params.degree, threshold=t, round_index=round_index,
-                        identities=identities if active else None)
+                        identities=identities if active else None, active=active, corrupt=corrupt)
     return Session(built.server, built.clients, encoder, updates, weights, seeds, built.graph, t,
                    built.session, round_index, identities)

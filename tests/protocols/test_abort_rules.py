@@ -92,7 +92,8 @@ def test_fewer_than_t_neighbours_in_the_key_list(key_stage):
 
 def test_key_list_naming_a_stranger(key_stage):
     s, out, c = key_stage
-    stranger = m.KeyEntry(99_999, KeyPair.generate().public, KeyPair.generate().public, b"")
+    stranger = m.KeyEntry(99_999, KeyPair.generate().public, KeyPair.generate().public, b"h" * 32,
+                          b"z" * 64)
     msg = tampered(out[c], m.KeyList, lambda b: m.KeyList(b.entries + (stranger,)))
     refuses(s, c, msg, rules.UNKNOWN_CLIENT)
 

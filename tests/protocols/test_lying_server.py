@@ -2,10 +2,20 @@
 
 import dataclasses
 
+import numpy as np
+import pytest
+
+from fedsec.config import SecureConfig
 from protocols.errors import ClientAbort
+from protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer
 from protocols.masked import client as rules
 from protocols.masked import messages as m
-from secagg.keys import KeyPair
+from protocols.masked.keys import mask_key, self_mask_key, share_box_context, share_box_key
+from protocols.masked.policy import corrupt_count, minimum_threshold, survivor_quorum
+from secagg import shamir
+from secagg.keys import KeyPair, open_sealed, seal
+from secagg.prg import MaskExpander
+from tests.protocols.adversary import Strategy, finish, make_world, prepare
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered
 
@@ -94,3 +104,183 @@ def test_replaying_an_old_round_is_refused_by_everyone():
     # Same client ids (same seed), the server replays round 7's key lists into round 8.
     replies = answers(new, {c: old_out[c] for c in new.clients}, lambda c, msg: msg)
     assert set(replies.values()) == {rules.REPLAY}
+
+
+# --- Issue 9, breaks 1-4: each played against unmodified clients --------------------------------
+
+
+def test_break_1_key_substitution_reads_the_victim_in_the_semi_honest_opt_in_only():
+    """The server puts its own keys between a victim and every neighbour and opens the victim's
+    share bundles. Semi-honest clients (the documented opt-in) cannot tell; authenticated ones can."""
+    s = make_session(6, seed=21, active=False)
+    out = advance(s, "share keys")
+    victim = sorted(s.clients)[0]
+    mallory = {c: (KeyPair.generate(), KeyPair.generate()) for c in s.clients if c != victim}
+    body = m.decode(out[victim], expect=m.KeyList)[1]
+    forged = m.KeyList(tuple(e if e.client == victim else dataclasses.replace(
+        e, encryption_key=mallory[e.client][0].public, mask_key=mallory[e.client][1].public)
+        for e in body.entries))
+    own = next(e for e in body.entries if e.client == victim)
+    shares = m.decode(s.clients[victim].handle(tampered(out[victim], m.KeyList, lambda b: forged)),
+                      expect=m.ShareKeys)[1]
+    # The server opens every bundle with its own keys: all k shares of both secrets.
+    points = {}
+    for holder, blob in shares.sealed:
+        box = share_box_key(mallory[holder][0], own.encryption_key, s.session, s.round_index, victim, holder)
+        plain = open_sealed(box, blob, share_box_context(s.session, s.round_index, victim, holder))
+        points[s.graph.x_of(victim, holder)] = (plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES:])
+    xs = tuple(sorted(points)[: s.threshold])
+    seed = shamir.combine_one(xs, [points[x][0] for x in xs])
+    # It forwards bundles sealed to the victim under its own keys too, so the victim masks with them.
+    fake = tuple((v, seal(share_box_key(mallory[v][0], own.encryption_key, s.session, s.round_index, v,
+                                        victim),
+                          bytes(2 * shamir.SHARE_BYTES),
+                          share_box_context(s.session, s.round_index, v, victim)))
+                 for v in sorted(mallory))
+    header = m.decode(out[victim], expect=m.KeyList)[0]
+    reply = s.clients[victim].handle(m.encode(dataclasses.replace(header, kind=m.ForwardedShares.KIND),
+                                              m.ForwardedShares(fake)))
+    words = s.encoder.from_bytes(m.decode(reply, expect=m.MaskedInput)[1].words, 52).copy()
+    expander = MaskExpander(length=words.size, modulus_bits=s.encoder.modulus_bits)
+    expander.add_into(self_mask_key(seed, s.session, s.round_index, victim), words, sign=-1)
+    for v in sorted(mallory):
+        key = mask_key(mallory[v][1], own.mask_key, s.session, s.round_index, victim, v)
+        expander.add_into(key, words, sign=-1 if victim < v else +1)
+    s.encoder.reduce(words)
+    assert np.array_equal(words, s.expected_sum([victim]))
+
+    # Authenticated (default) mode: every neighbour's entry fails its signature check.
+    a = make_session(6, seed=21)
+    out = advance(a, "share keys")
+    replies = answers(a, {victim: out[victim]}, lambda c, msg: tampered(msg, m.KeyList, lambda b: m.KeyList(
+        tuple(e if e.client == victim else dataclasses.replace(
+            e, encryption_key=KeyPair.generate().public) for e in b.entries))))
+    assert replies == {victim: rules.BAD_SIGNATURE}
+
+
+def test_break_1_the_share_commitment_is_bound_into_the_signed_entry():
+    s = make_session(6, seed=22)
+    out = advance(s, "share keys")
+    target = sorted(s.clients)[1]
+    replies = answers(s, out, lambda c, msg: tampered(msg, m.KeyList, lambda b: m.KeyList(tuple(
+        dataclasses.replace(e, commitment=bytes(32)) if e.client == target and c != target else e
+        for e in b.entries))))
+    assert all(replies[c] == rules.BAD_SIGNATURE for c in s.clients if c != target)
+
+
+@pytest.mark.parametrize("graph,n", [("complete", 8), ("harary", 12)])
+@pytest.mark.parametrize("active", [True, False])
+def test_break_3_every_client_refuses_a_threshold_below_its_own_floor(graph, n, active):
+    s = make_session(n, seed=23, graph=graph, active=active)
+    out = advance(s, "advertise keys")
+    k = s.graph.degree
+    floor = minimum_threshold(n, k, 0.1, active=active)
+    assert s.threshold >= floor
+    low = answers(s, out, lambda c, msg: tampered(msg, m.SessionParams,
+                                                  lambda b: dataclasses.replace(b, threshold=floor - 1)))
+    assert set(low.values()) == {rules.UNSAFE_PARAMS}
+    # The floor is the client's own: one that assumes more colluders refuses what others accept.
+    s = make_session(n, seed=23, graph=graph, active=active)
+    out = advance(s, "advertise keys")
+    c = sorted(out)[0]
+    s.clients[c]._ctx.policy = ClientPolicy(require_active=active, corrupt=0.4)
+    if minimum_threshold(n, k, 0.4, active=active) > s.threshold:
+        assert answers(s, {c: out[c]}, lambda c, msg: msg) == {c: rules.UNSAFE_PARAMS}
+
+
+def test_break_3_the_server_and_the_config_check_use_the_clients_rule():
+    s = make_session(8, seed=24)
+    floor = minimum_threshold(8, s.graph.degree, 0.1, active=True)
+    with pytest.raises(ValueError, match="threshold must be in"):
+        MaskedServer(session=s.session, round_index=1, graph=s.graph, threshold=floor - 1,
+                     encoder=s.encoder, length=50, directory={c: k.public for c, k in s.identities.items()})
+
+
+def test_break_4_a_list_signed_only_by_the_neighbourhood_is_refused_on_the_harary_graph():
+    """SecAgg+: the server shows a holder signatures from its own neighbours only (as it could for
+    several lists at once). Fewer than the global quorum q > (n + c) / 2: the holder refuses."""
+    s = make_session(14, seed=25, graph="harary", dropout=0.1)
+    assert s.graph.degree < 13
+    out = advance(s, "unmask")
+    c = sorted(out)[0]
+    local = set(s.graph.neighbours(c)) | {c}
+    assert len(local) < survivor_quorum(14, 0.1)
+    msg = tampered(out[c], m.UnmaskRequest, lambda b: dataclasses.replace(
+        b, signatures=tuple((v, sig) for v, sig in b.signatures if v in local)))
+    assert answers(s, {c: msg}, lambda c, x: x) == {c: rules.FEW_SURVIVORS}
+
+
+def test_two_different_survivor_lists_can_never_both_reach_the_quorum():
+    for n in range(2, 200):
+        for corrupt in (0.0, 0.1, 0.2, 0.33, 0.45):
+            c, q = corrupt_count(n, corrupt), survivor_quorum(n, corrupt)
+            # honest signers of two lists are disjoint: (q - c) + (q - c) must exceed n - c
+            assert 2 * (q - c) > n - c
+
+
+def _survivor_without_signature(attestation_change):
+    """The victim masked with exactly t partners and then fell silent (no signature on S); the
+    server asks holders for its seed share with S missing one of those partners."""
+    world = make_world(6, 5, active=True, corrupt=frozenset({2}))
+    partners = frozenset(sorted(world.graph.neighbours(1))[: world.threshold])
+    prep = prepare(world, Strategy(forward={1: partners}))
+    prep.attestations[1] = attestation_change(prep.attestations[1])
+    gone = max(partners - {2})
+    lists = (tuple(c for c in sorted(prep.masked) if c != gone),)
+    outcome = finish(prep, lists, {})
+    assert outcome.aborts.pop(gone) == rules.SELF_DROPPED  # the partner called dropped signs nothing
+    return outcome
+
+
+def test_a_holder_refuses_a_seed_share_when_the_survivors_partners_are_not_in_the_list():
+    outcome = _survivor_without_signature(lambda att: att)
+    assert outcome.aborts[1] == rules.FEW_SURVIVORS  # the victim itself would not sign this S
+    holders = {c for c, reason in outcome.aborts.items() if c != 1}
+    assert holders and all(outcome.aborts[c] == rules.ATTESTATION for c in holders)
+    assert outcome.broken == {}
+
+
+def test_a_holder_refuses_a_forged_or_missing_attestation():
+    flipped = _survivor_without_signature(lambda att: (bytes([att[0][0] | 0xFF]), att[1]))
+    assert {r for c, r in flipped.aborts.items() if c != 1} == {rules.ATTESTATION}
+    missing = _survivor_without_signature(lambda att: (att[0], bytes(64)))
+    assert {r for c, r in missing.aborts.items() if c != 1} == {rules.ATTESTATION}
+
+
+def test_authenticated_mode_is_the_default_everywhere():
+    assert ClientPolicy().require_active
+    assert MaskedAggregation(max_weight=1, rng=np.random.default_rng(0)).active
+    assert SecureConfig().active
+    assert MaskedClient(client_id=1, session=bytes(16), round_index=0, update=np.zeros(2), weight=1,
+                        rng=np.random.default_rng(0))._ctx.policy.require_active
+    s = make_session(5, seed=26)
+    params = m.decode(advance(s, "advertise keys")[sorted(s.clients)[0]], expect=m.SessionParams)[1]
+    assert params.active
+    semi = make_session(5, seed=26, active=False)
+    out = advance(semi, "advertise keys")
+    c = sorted(out)[0]
+    semi.clients[c]._ctx.policy = ClientPolicy()  # a client that keeps the default refuses the opt-in
+    assert answers(semi, {c: out[c]}, lambda c, x: x) == {c: rules.UNSAFE_PARAMS}
+
+
+def test_clients_shown_different_session_parameters_cannot_use_each_others_keys():
+    """Every signature covers the digest of the parameters its signer saw: a server that shows one
+    client another ring order or threshold (to change its quorum or how attestations read) splits
+    it from everyone else."""
+    world = make_world(6, 5, active=True)
+    header, body = m.decode(world.params[3], expect=m.SessionParams)
+    ring = (body.ring[1], body.ring[0]) + body.ring[2:]
+    world.params[3] = m.encode(header, dataclasses.replace(body, ring=ring))
+    outcome = finish(prepare(world, Strategy()), fork=False)
+    assert outcome.aborts and set(outcome.aborts.values()) == {rules.BAD_SIGNATURE}
+    assert set(outcome.aborts) == set(world.graph.ring)
+
+
+@pytest.mark.parametrize("kwargs,name", [({"corrupt": 1.0}, "corrupt"), ({"corrupt": -0.1}, "corrupt"),
+                                         ({"require_active": 1}, "require_active"),
+                                         ({"max_length": 0}, "max_length")])
+def test_client_policy_is_validated_and_names_the_bad_key(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ClientPolicy(**kwargs)
+    with pytest.raises(TypeError):
+        ClientPolicy(True)  # keyword-only

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from protocols.errors import ProtocolAbort
 from protocols.masked import run_round
+from protocols.masked.policy import minimum_threshold, survivor_quorum
 from protocols.masked.simulation import DROP_STAGES
 from tests.protocols.helpers import make_session
 
@@ -17,7 +18,8 @@ from tests.protocols.helpers import make_session
 def test_exact_sum_of_survivors_or_clean_abort(n, graph, active, seed, data):
     s = make_session(n, graph=graph, active=active, seed=seed, length=20)
     k = s.graph.degree
-    t = data.draw(st.integers(max(2, k // 2 + 1), k), label="threshold")
+    floor = minimum_threshold(n, k, 0.1, active=active)
+    t = data.draw(st.integers(floor, k), label="threshold")
     s = make_session(n, graph=graph, active=active, seed=seed, length=20, threshold=t)
     ids = sorted(s.clients)
     drops = {c: data.draw(st.sampled_from((None,) + DROP_STAGES)) for c in ids}
@@ -30,7 +32,8 @@ def test_exact_sum_of_survivors_or_clean_abort(n, graph, active, seed, data):
         holders_short = any(
             sum(1 for v in s.graph.neighbours(c) if drops.get(v, 99) > 4) < s.threshold
             for c in ids if drops.get(c, 99) > 1)
-        assert n_left < s.threshold or holders_short
+        signers_short = active and sum(1 for c in ids if drops.get(c, 99) > 3) < survivor_quorum(n, 0.1)
+        assert n_left < s.threshold or holders_short or signers_short
         return
     assert not trace.aborts
     total, survivors = s.server.result()

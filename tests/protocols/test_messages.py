@@ -8,17 +8,19 @@ from protocols.errors import MalformedMessage
 from protocols.masked import messages as m
 
 HEADER = m.Header(0, b"s" * 16, 3, 17, m.SERVER)
-KEY = m.KeyEntry(5, b"a" * 32, b"b" * 32, b"")
+KEY = m.KeyEntry(5, b"a" * 32, b"b" * 32, b"h" * 32, b"")
 SAMPLES = [
     m.SessionParams((3, 1, 2), 2, 2, 10, 1.5, 16, 3, 100, 10, True),
     m.AdvertiseKeys(dataclasses.replace(KEY, signature=b"z" * 64)),
     m.KeyList((KEY, dataclasses.replace(KEY, client=6))),
-    m.ShareKeys(((1, b"x" * m.SEALED_BYTES), (2, b"y" * m.SEALED_BYTES))),
+    m.ShareKeys(((1, b"x" * m.SEALED_BYTES), (2, b"y" * m.SEALED_BYTES)), b"c" * 128),
     m.ForwardedShares(((1, b"x" * m.SEALED_BYTES),)),
     m.MaskedInput(b"\x00\x01" * 40),
+    m.MaskedInput(b"\x00\x01" * 40, b"\x05", b"p" * 64),
     m.ConsistencyRequest((1, 2, 3)),
     m.ConsistencySignature(b"q" * 64),
     m.UnmaskRequest((1, 2), (3,), ((1, b"s" * 64),)),
+    m.UnmaskRequest((1, 2), (3,), ((1, b"s" * 64),), ((1, b"\x03", b"a" * 64), (2, b"\x06", b"b" * 64))),
     m.UnmaskResponse(((1, m.SHARE_OF_SEED, b"\x00" * 33), (3, m.SHARE_OF_MASK_KEY, b"\x01" * 33))),
 ]
 
