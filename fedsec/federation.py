@@ -37,7 +37,8 @@ from fl_core.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 SECURE_LAYERS = ("masking", "paillier")
 ALGORITHMS = ("fedavg", "fedprox")
 WEIGHTINGS = ("samples", "uniform")
-SECURE_OPTIONS = ("clip", "bits", "graph", "threshold", "dropout", "active", "key_bits", "custody")
+SECURE_OPTIONS = ("clip", "bits", "graph", "threshold", "dropout", "active", "corrupt", "key_bits",
+                  "custody")
 Callback = Callable[[dict[str, Any]], Any]
 """Called with each round's history row; a truthy return stops the run before the next round."""
 
@@ -162,7 +163,7 @@ class Federation:
             weights) or ``refuse`` (a model with buffers is an error).
         label: the label column of DataFrame clients. test_fraction: in (0, 1), for test=None.
         secure_options: extra settings of the secure layer: clip, bits, graph, threshold,
-            dropout, active, key_bits, custody (as the ``secure.*`` config keys).
+            dropout, active, corrupt, key_bits, custody (as the ``secure.*`` config keys).
         target_accuracy: stop once reached; None = never.
         seed: the experiment seed (sampling, shuffles, splits; DP noise only if reproducible).
         progress: show a progress bar on stderr. callbacks: functions of each round's row.
@@ -337,7 +338,7 @@ class Federation:
         from protocols.encoding import check_layer_arguments
         from protocols.paillier.aggregation import CUSTODIES
 
-        masking_only = sorted(set(options) & {"graph", "active"})
+        masking_only = sorted(set(options) & {"graph", "active", "corrupt"})
         if masking_only:
             raise ValueError(f"{masking_only} apply to secure='masking'")
         check_layer_arguments(max_weight=1, clip=options.get("clip", 1.0),
