@@ -101,7 +101,8 @@ class MaskedAggregation(AggregationProtocol):
         """(degree, threshold) this protocol uses for n clients; ProtocolAbort below 3 clients
         (a threshold t >= 2 needs k >= 2 neighbours)."""
         if n < 3:
-            raise ProtocolAbort(f"secure aggregation needs at least 3 valid clients, got {n}")
+            raise ProtocolAbort(f"masking needs at least 3 valid clients (a threshold >= 2 of their "
+                                f"neighbours), got {n}")
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
                                    graph=self.graph, active=self.active)
         threshold = self.threshold or chosen.threshold
