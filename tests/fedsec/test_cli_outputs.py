@@ -103,9 +103,16 @@ def test_run_plots_carry_title_target_and_aborted_rounds(tmp_path, monkeypatch):
             class Refuse(AggregationError):
                 pass
 
+            class Refusing(fl_core.AggregationProtocol):
+                """Round 2's stand-in: the real protocol's contract (client_metrics), but it refuses."""
+
+                client_metrics = self.protocol.client_metrics
+
+                def aggregate(self, *args, **kwargs):
+                    raise Refuse("refused")
+
             protocol = self.protocol
-            self.protocol = type("P", (), {"aggregate": lambda *a, **k: (_ for _ in ()).throw(
-                Refuse("refused"))})()
+            self.protocol = Refusing()
             try:
                 return real(self, round_index, vector, m)
             finally:
