@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -63,13 +64,17 @@ def _server_view(settings: dict, kind, client: int = 0):
     that is not post-processing of the released model. ``kind`` names a canary of
     :func:`_canary` or is a function that changes the data set."""
     private = {"dp.reproducible": True} if settings.get("dp.mode") != "none" else {}
-    experiment = build_experiment(make_config({"rounds": 2, "data.standardize": False,
-                                               "train.lr": 1e-3, **private, **settings}))
+    config = make_config({"rounds": 2, "data.standardize": False, "train.lr": 1e-3, **private, **settings})
+    if kind is None:
+        experiment = build_experiment(config)
+    else:
+        # The changed record is in the client's data from the start: the experiment, its privacy
+        # budget (built from the clients' sizes) included, is built on the changed data set.
+        change = kind if callable(kind) else (lambda data: _canary(data, client, kind))
+        load = fl_core.load_federated
+        with mock.patch.object(fl_core, "load_federated", lambda *a, **k: change(load(*a, **k))):
+            experiment = build_experiment(config)
     server = experiment.server
-    if callable(kind):
-        server.data = kind(server.data)
-    elif kind is not None:
-        server.data = _canary(server.data, client, kind)
     recorder = Recorder(server.protocol)
     server.protocol = recorder
     result = server.run()
