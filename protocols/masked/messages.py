@@ -306,7 +306,9 @@ def params_digest(params: SessionParams) -> bytes:
     """SHA-256 of the canonical encoding of the session parameters (bound into every signature)."""
     w = Writer()
     params.write(w)
-    return hashlib.sha256(b"fedsec/secagg/v1/params" + w.getvalue()).digest()
+    digest = hashlib.sha256(b"fedsec/secagg/v1/params")
+    digest.update(w.getvalue())  # no concatenated copy: a ring of 2^20 ids is 8 MB
+    return digest.digest()
 
 
 MESSAGE_TYPES = {cls.KIND: cls for cls in (SessionParams, AdvertiseKeys, KeyList, ShareKeys,

@@ -18,52 +18,90 @@ from hypothesis import strategies as st
 
 from protocols.masked import RingGraph, shuffled_ring
 from protocols.masked import messages as m
-from protocols.masked.client import MaskedClient
+from protocols.errors import ClientAbort
+from protocols.masked.client import ClientPolicy, MaskedClient
+from protocols.masked.keys import key_message
+from protocols.masked.policy import minimum_threshold
 from secagg.errors import InvalidArgumentError
-from secagg.keys import KeyPair
+from secagg.keys import KeyPair, SigningKey
 
 N = 10**6
 
 
-def _client(ring, me, session):
+def _client(ring, me, session, *, directory=None, signing_key=None):
+    """An honest client with the default policy (active mode required, corrupt = 0.1)."""
     return MaskedClient(client_id=me, session=session, round_index=1, update=np.zeros(4), weight=1,
-                        rng=np.random.default_rng(0))
+                        rng=np.random.default_rng(0), signing_key=signing_key, directory=directory)
 
 
 def test_a_million_member_sparse_ring_costs_a_client_little():
+    """Active mode, as the default client insists: every member is in the client's directory,
+    and t is the default client's floor for k = 40 (34 for corrupt = 0.1 at n = 10^6)."""
     ring = tuple(range(10, 10 + N))
-    me, session, k = ring[N - 3], os.urandom(16), 10
-    client = _client(ring, me, session)
-    params = m.encode(m.Header(0, session, 1, m.SERVER, me),
-                      m.SessionParams(ring, k, 6, 4, 1.0, 12, N, 100, 4, False))
+    me, session, k = ring[N - 3], os.urandom(16), 40
+    t = minimum_threshold(N, k, ClientPolicy().corrupt, active=True)
+    assert t <= k
     p = ring.index(me)
-    neighbours = [ring[(p + o) % N] for o in (1, 2, 3, 4, 5, -5, -4, -3, -2, -1)]
+    neighbours = [ring[(p + o) % N] for o in (*range(1, k // 2 + 1), *range(-(k // 2), 0))]
+    identities = {c: SigningKey.generate() for c in (me, *neighbours)}
+    # Members this client never hears from share one real verification key: generating 10^6
+    # Ed25519 keys would take a minute, and only its neighbours' keys are ever used.
+    others = SigningKey.generate().public
+    directory = dict.fromkeys(ring, others) | {c: key.public for c, key in identities.items()}
+    client = _client(ring, me, session, directory=directory, signing_key=identities[me])
+    session_params = m.SessionParams(ring, k, t, 4, 1.0, 12, N, 100, 4, True)
+    params = m.encode(m.Header(0, session, 1, m.SERVER, me), session_params)
+    digest = m.params_digest(session_params)
+
+    def entry(v):
+        encryption, masking = KeyPair.generate().public, KeyPair.generate().public
+        commitment = os.urandom(32)
+        signature = identities[v].sign(key_message(session, 1, v, encryption, masking, commitment,
+                                                   params=digest))
+        return m.KeyEntry(v, encryption, masking, commitment, signature)
+
+    entries = [entry(v) for v in neighbours]
     tracemalloc.start()
     try:
         advert = m.decode(client.handle(params), expect=m.AdvertiseKeys)[1]
-        entries = (advert.entry,) + tuple(
-            m.KeyEntry(v, KeyPair.generate().public, KeyPair.generate().public, b"") for v in neighbours)
-        reply = client.handle(m.encode(m.Header(0, session, 1, m.SERVER, me), m.KeyList(entries)))
+        reply = client.handle(m.encode(m.Header(0, session, 1, m.SERVER, me),
+                                       m.KeyList((advert.entry, *entries))))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     shares = m.decode(reply, expect=m.ShareKeys)[1]
     assert sorted(v for v, _ in shares.sealed) == sorted(neighbours)
     # The parsed ring itself (Python ints) is ~5x the message; the graph adds 2 x 8 bytes a member.
-    assert peak < 10 * len(params)  # the old client built n x k entries: ~130x
+    assert peak < 10 * len(params)  # the old client built n x k entries: ~130x at k = 10
     graph = client._ctx.graph
     assert list(graph._by_owner) == [me] and len(graph._by_owner[me][0]) == k
 
 
 def test_a_million_member_complete_ring_builds_no_per_member_structure():
+    """The lying server names a 10^6-member complete ring with t = n/2 + 1, below the default
+    client's floor (0.55 n for corrupt = 0.1): the client refuses, and what it built to read the
+    ring before refusing is linear in the message. (A threshold it accepted would cost it the
+    O(t k) Shamir sharing of the protocol itself: docs/secure-aggregation-robustness.md.)"""
     ring = tuple(range(5, 5 + N))
     me, session = ring[17], os.urandom(16)
-    client = _client(ring, me, session)
+    signing_key = SigningKey.generate()
+    client = _client(ring, me, session, directory=dict.fromkeys(ring, signing_key.public),
+                     signing_key=signing_key)
+    assert minimum_threshold(N, N - 1, ClientPolicy().corrupt, active=True) > N // 2 + 1
     params = m.encode(m.Header(0, session, 1, m.SERVER, me),
-                      m.SessionParams(ring, N - 1, N // 2 + 1, 4, 1.0, 12, N, 100, 4, False))
-    client.handle(params)
-    graph = client._ctx.graph
-    assert graph._by_owner == {}  # nothing per member until a neighbourhood is asked for
+                      m.SessionParams(ring, N - 1, N // 2 + 1, 4, 1.0, 12, N, 100, 4, True))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ClientAbort, match="unsafe or invalid session parameters"):
+            client.handle(params)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * len(params) and client.stage == "aborted"
+    # The structure the client reads the ring into, as it builds it: nothing per member until
+    # a neighbourhood is asked for.
+    graph = RingGraph(m.decode(params, expect=m.SessionParams)[1].ring, N - 1)
+    assert graph._by_owner == {} and me in graph
     assert graph._ids.nbytes + graph._slots.nbytes == 16 * N
     assert graph.x_of(me, ring[18]) == 1 and graph.x_of(me, ring[16]) == N - 1
     assert list(graph._by_owner) == [me]  # its own neighbourhood only (n - 1 = k members)
