@@ -141,7 +141,7 @@ class ClientLevelDP(AggregationProtocol):
         metrics["rejected"] = metrics.get("rejected", 0.0) + len(rejected)
         return AggregateResult(weighted_sum=result.weighted_sum, total_weight=result.total_weight,
                                participants=result.participants,
-                               dropped=tuple(result.dropped) + tuple(rejected),
+                               dropped=tuple(r.client_id for r in rejected) + tuple(result.dropped),
                                upload_bytes=result.upload_bytes, metrics=metrics)
 
 
