@@ -8,7 +8,8 @@ Adversaries, each against the project's unmodified honest parties:
   an honest client's key list, searching over every bad encoding and every entry: the client
   raises ClientAbort(BAD_KEY), never CryptoError, and answers nothing afterwards;
 - one client deals Shamir shares of a value in [2^256, p) (every share a valid field element) for
-  its seed or its mask key: the server ends the round with a ProtocolAbort, never another error;
+  its seed or its mask key, and commits to them in its signed key entry (so the share commitments
+  of issue 9A do not catch it): the server ends the round with a ProtocolAbort, never another error;
 - one share holder answers with a share >= p: it is rejected and recorded, the round finishes.
 """
 
@@ -29,7 +30,7 @@ from protocols.masked import MaskedAggregation, run_round
 from protocols.masked import aggregation as seam
 from protocols.masked import client as rules
 from protocols.masked import messages as m
-from protocols.masked.keys import key_message, share_box_context
+from protocols.masked.keys import commitment_digest, key_message, share_box_context, share_hash
 from secagg import keys as crypto
 from secagg import shamir
 from tests.protocols.helpers import make_session
@@ -60,7 +61,8 @@ def advertising(s, liar: int, bad: bytes, field: str):
         e = dataclasses.replace(body.entry, **{field: bad})
         if e.signature:
             e = dataclasses.replace(e, signature=s.identities[liar].sign(key_message(
-                s.session, s.round_index, liar, e.encryption_key, e.mask_key)))
+                s.session, s.round_index, liar, e.encryption_key, e.mask_key, e.commitment,
+                params=s.clients[liar]._ctx.digest)))
         return m.AdvertiseKeys(e)
 
     return Rewriting(s.clients[liar], m.AdvertiseKeys, change)
@@ -98,7 +100,8 @@ def test_a_lying_server_putting_a_bad_key_in_a_key_list_gets_a_client_abort(bad,
     forged = dataclasses.replace(target, **{field: bad})
     if active:  # the neighbour colludes with the server and signs the bad key
         forged = dataclasses.replace(forged, signature=s.identities[target.client].sign(key_message(
-            s.session, s.round_index, target.client, forged.encryption_key, forged.mask_key)))
+            s.session, s.round_index, target.client, forged.encryption_key, forged.mask_key,
+            forged.commitment, params=s.clients[target.client]._ctx.digest)))
     message = m.encode(header, m.KeyList(tuple(forged if e is target else e for e in body.entries)))
     with pytest.raises(ClientAbort) as info:
         s.clients[victim].handle(message)
@@ -137,24 +140,31 @@ def test_aggregate_survives_a_client_that_advertises_a_small_order_key(monkeypat
 
 
 def _dealing(s, liar: int, value: int, kind: int):
-    """The liar deals shares of ``value`` (a field element) instead of its seed or mask key."""
+    """The liar deals shares of ``value`` (a field element) instead of its seed or mask key.
+
+    It commits to the shares it deals (the share hashes and their digest in its signed key
+    entry), so every commitment check passes and the bad secret reaches the reconstruction."""
     inner = s.clients[liar]
 
-    def change(body: m.ShareKeys) -> m.ShareKeys:
-        ctx = inner._ctx  # the adversary's own client: it knows its box keys
+    def change(body: m.AdvertiseKeys) -> m.AdvertiseKeys:
+        ctx = inner._ctx  # the adversary's own client: it rewrites its shares before advertising
         coefficients = [value] + [secrets.randbelow(shamir.PRIME) for _ in range(s.threshold - 1)]
-        sealed = []
-        for v, blob in body.sealed:
-            aad = share_box_context(s.session, s.round_index, liar, v)
-            plain = bytearray(crypto.open_sealed(ctx.box_keys[v], blob, aad))
-            x = s.graph.x_of(liar, v)
-            share = sum(c * pow(x, i, shamir.PRIME) for i, c in enumerate(coefficients)) % shamir.PRIME
-            at = kind * shamir.SHARE_BYTES
-            plain[at: at + shamir.SHARE_BYTES] = shamir.share_to_bytes(share)
-            sealed.append((v, crypto.seal(ctx.box_keys[v], bytes(plain), aad)))
-        return m.ShareKeys(tuple(sealed))
+        xs = range(1, ctx.params.degree + 1)
+        shares = ctx.shares.copy()
+        shares[kind] = [sum(c * pow(x, i, shamir.PRIME) for i, c in enumerate(coefficients)) % shamir.PRIME
+                        for x in xs]
+        ctx.shares = shares
+        ctx.commitments = b"".join(
+            share_hash(ctx.session, ctx.round_index, liar, x, k, shamir.share_to_bytes(int(shares[k, x - 1])))
+            for x in xs for k in (m.SHARE_OF_SEED, m.SHARE_OF_MASK_KEY))
+        e = dataclasses.replace(body.entry, commitment=commitment_digest(ctx.commitments))
+        if e.signature:
+            e = dataclasses.replace(e, signature=ctx.signing_key.sign(key_message(
+                ctx.session, ctx.round_index, liar, e.encryption_key, e.mask_key, e.commitment,
+                params=ctx.digest)))
+        return m.AdvertiseKeys(e)
 
-    return Rewriting(inner, m.ShareKeys, change)
+    return Rewriting(inner, m.AdvertiseKeys, change)
 
 
 @settings(max_examples=6)
@@ -202,7 +212,7 @@ def test_a_forwarded_share_outside_the_field_is_a_client_abort():
             aad = share_box_context(s.session, s.round_index, liar, v)
             plain = shamir.PRIME.to_bytes(33, "big") + crypto.open_sealed(ctx.box_keys[v], blob, aad)[33:]
             out.append((v, crypto.seal(ctx.box_keys[v], plain, aad)))
-        return m.ShareKeys(tuple(out))
+        return m.ShareKeys(tuple(out), body.commitments)
 
     clients = dict(s.clients)
     clients[liar] = Rewriting(s.clients[liar], m.ShareKeys, change)
