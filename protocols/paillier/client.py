@@ -190,7 +190,6 @@ class PaillierClient:
         full[:-1] = words
         full[-1] = 1
         layout = spec.layout(self.public_key)
-        count = layout.ciphertexts_for(spec.length)
         tags = (client_tags(self._mac_key, self._tag_key, spec, layout, layout.rows(full))
                 if spec.tagged else None)
         ciphertexts = encrypt(self.public_key, layout.pack(full, tags), self._randomness)

@@ -235,3 +235,18 @@ def test_memory_store_accepts_only_the_next_number():
     with pytest.raises(StaleSequence):
         store.burn(b"k", 1)
     assert store.last_burned(b"k") == 1 and store.last_burned(b"none") == 0
+
+
+def test_new_messages_round_trip_and_refuse_truncation():
+    from protocols.errors import MalformedMessage
+    from protocols.paillier.messages import Announcement, Refusal
+
+    messages = [Welcome(3, bytes(range(16)), 2**64 - 1, b"sealed"), Refusal(),
+                Announcement(1, b"pk", bytes(32), 2, bytes(64), 7),
+                DecryptionRequest(b"spec", (1, 2), b"batch", bytes(range(64)))]
+    for message in messages:
+        data = encode(message)
+        assert decode(data, type(message)) == message
+        with pytest.raises(MalformedMessage):
+            decode(data[:-1] if len(data) > 6 else data + b"\x00", type(message))
+    assert encode(Refusal()) == REFUSAL and len(REFUSAL) == 6

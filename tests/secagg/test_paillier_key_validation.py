@@ -10,8 +10,8 @@ from secagg.paillier import PaillierPublicKey, generate_keypair
 from secagg.paillier.keys import FERMAT_STEPS, TRIAL_DIVISION_BOUND, cheaply_factorable
 
 
-def _prime_with_bits(bits: int, offset: int = 0) -> gmpy2.mpz:
-    return gmpy2.next_prime((gmpy2.mpz(1) << (bits - 1)) + (gmpy2.mpz(1) << (bits - 2)) + offset)
+def _prime_with_bits(bits: int) -> gmpy2.mpz:
+    return gmpy2.next_prime((gmpy2.mpz(1) << (bits - 1)) + (gmpy2.mpz(1) << (bits - 2)))
 
 
 def _modulus(bits: int, factor: gmpy2.mpz) -> int:
