@@ -174,7 +174,12 @@ class PaillierAggregation(AggregationProtocol):
             except MalformedMessage:
                 continue
         if self.key_holder is not None:
-            words = server.finish(self.key_holder.decrypt(server.decryption_request()))
+            try:
+                request = server.decryption_request()
+            except ProtocolAbort:
+                self.key_holder.respond(server.void_request())  # burn the number: next one next
+                raise
+            words = server.finish(self.key_holder.decrypt(request))
         else:
             words, refused = self._threshold_decrypt(server, transport, late_drops)
             aborts += refused

@@ -55,7 +55,7 @@ from protocols.paillier.spec import (
     welcome_associated,
     wrap_key,
 )
-from protocols.paillier.state import MemorySequenceStore, SequenceStore
+from protocols.paillier.state import MemorySequenceStore, SequenceStore, StaleSequence
 from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from secagg.keys import KEY_BYTES, KeyPair, SigningKey, seal, verify
 from secagg.paillier import PaillierPrivateKey, decode_batch, decrypt, generate_keypair
@@ -181,7 +181,10 @@ class PaillierKeyHolder:
         expected = self.store.last_burned(key_id) + 1
         if spec.sequence != expected:
             raise self._refuse(spec.sequence, f"not the next sequence number ({expected})")
-        self.store.burn(key_id, spec.sequence)
+        try:
+            self.store.burn(key_id, spec.sequence)
+        except StaleSequence:
+            raise self._refuse(spec.sequence, "burned concurrently") from None
         contributors = request.participants
         structure = self._structure_problem(spec, contributors)
         if structure:

@@ -93,13 +93,22 @@ class PaillierServer:
     def decryption_request(self) -> bytes:
         """Key-holder custody: the signed request; ProtocolAbort if fewer than ``threshold``
         contributed, ValueError (naming ``identity``) if the server has no identity key."""
+        self._check_enough()
+        return self._signed_request(tuple(self.participants),
+                                    encode_batch(self.public_key, self.spec.sequence, self._total))
+
+    def void_request(self) -> bytes:
+        """Key-holder custody: a signed request with no contributors, sent when the aggregation
+        aborts before decryption. The key holder burns its sequence number and refuses it, so the
+        next aggregation's number is the next one it accepts."""
+        return self._signed_request((), b"")
+
+    def _signed_request(self, participants: tuple[int, ...], batch: bytes) -> bytes:
         if self.identity is None:
             raise ValueError("identity: the server needs its signing key to ask the key holder")
-        self._check_enough()
-        batch = encode_batch(self.public_key, self.spec.sequence, self._total)
-        unsigned = DecryptionRequest(self.spec.to_bytes(), tuple(self.participants), batch)
+        unsigned = DecryptionRequest(self.spec.to_bytes(), participants, batch)
         signature = self.identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
-        return encode(DecryptionRequest(unsigned.spec, unsigned.participants, batch, signature))
+        return encode(DecryptionRequest(unsigned.spec, participants, batch, signature))
 
     def finish(self, data: bytes) -> np.ndarray:
         """The summed words (count word last) from the key holder's result."""

@@ -292,3 +292,17 @@ def test_client_rules(session):
         holder.register(type(client)(9, identity=session.identities[0],
                                      announcer_identity=holder.identity.public,
                                      min_key_bits=1024).receive_announcement(announcement))
+
+
+def test_an_aborted_aggregation_burns_its_number_so_the_next_one_decrypts(session):
+    holder = session.key_holder
+    spec = session.spec()
+    server = _collect(session, spec, ids=[0, 1])  # below the threshold of 3
+    with pytest.raises(ProtocolAbort):
+        server.decryption_request()
+    assert holder.respond(server.void_request()) == REFUSAL
+    assert holder.last_sequence == spec.sequence and holder.decryptions == 0
+    spec = session.spec()
+    server = _collect(session, spec)
+    words = server.finish(holder.decrypt(server.decryption_request()))
+    assert np.array_equal(words, session.expected(range(4)))

@@ -250,3 +250,19 @@ def test_new_messages_round_trip_and_refuse_truncation():
         with pytest.raises(MalformedMessage):
             decode(data[:-1] if len(data) > 6 else data + b"\x00", type(message))
     assert encode(Refusal()) == REFUSAL and len(REFUSAL) == 6
+
+
+def test_a_burn_that_loses_a_race_is_refused_like_any_other():
+    class Raced(MemorySequenceStore):
+        def burn(self, key_id: bytes, sequence: int) -> None:
+            super().burn(key_id, sequence)
+            super().burn(key_id, sequence)  # another process burned it first
+
+    session = make_paillier_session(3, threshold=2, key_bits=512)
+    session.key_holder.store = Raced()
+    spec = session.spec(length=10)
+    server = session.server(spec)
+    for c, data in session.submissions(spec).items():
+        server.receive(c, data)
+    assert session.key_holder.respond(server.decryption_request()) == REFUSAL
+    assert session.key_holder.refusals[-1] == (1, "burned concurrently")
