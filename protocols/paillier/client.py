@@ -124,14 +124,14 @@ class PaillierClient:
                 self._share is None or self._share.public_key != public_key
                 or self._share.threshold != message.threshold):
             raise ClientAbort(WRONG_SHARE)
-        if public_key != self.public_key:
-            self._randomness = DJNRandomness(public_key)
         if message.custody == KEY_HOLDER:
             pair = KeyPair.generate()
             try:
                 shared = pair.agree(message.tag_public)
             except CryptoError:
                 raise ClientAbort(BAD_ANNOUNCEMENT) from None
+        if public_key != self.public_key:
+            self._randomness = DJNRandomness(public_key)
         self.public_key, self.threshold, self.custody = public_key, message.threshold, message.custody
         self.epoch, self._announced, self._registration = message.epoch, message.signed_part(), None
         self._mac_key = b""
