@@ -57,10 +57,12 @@ def main() -> None:
     threshold = default_threshold(k)
     rng = np.random.default_rng(args.seed)
     identities = {c: SigningKey.generate() for c in range(k)}
+    server_identity = SigningKey.generate()
 
     start = time.perf_counter()
     if args.custody == "key_holder":
         announcer = PaillierKeyHolder(threshold=threshold, key_bits=args.key_bits,
+                                      server_identity=server_identity.public,
                                       allow_insecure=insecure)
     else:
         announcer = ThresholdDealer(parties=list(range(k)), threshold=threshold,
@@ -81,7 +83,7 @@ def main() -> None:
         setup.append(time.perf_counter() - start)
         if args.custody == "key_holder":
             announcer.enroll(c, identities[c].public)
-            announcer.register(registration)
+            client.receive_welcome(announcer.register(registration))
         clients[c] = client
 
     encoder = FixedPointEncoder(clip=1.0, bits=args.bits, max_clients=k, max_weight=args.max_weight,
@@ -102,7 +104,8 @@ def main() -> None:
     log(f"client encryption {np.mean(encrypt_s):.3f} s mean, {len(submissions[0]) / 1e6:.3f} MB")
 
     server = PaillierServer(public, spec, expected=range(k), threshold=threshold,
-                            identities={c: s.public for c, s in identities.items()})
+                            identities={c: s.public for c, s in identities.items()},
+                            identity=server_identity)
     start = time.perf_counter()
     for c in range(k):
         server.receive(c, submissions[c])

@@ -75,8 +75,10 @@ class PaillierAggregation(AggregationProtocol):
         self._identities: dict[int, SigningKey] = {}
         self.key_holder: PaillierKeyHolder | None = None
         self.dealer: ThresholdDealer | None = None
+        self._server_identity = SigningKey.generate()
         if custody == "key_holder":
             self.key_holder = PaillierKeyHolder(threshold=threshold, key_bits=key_bits,
+                                                server_identity=self._server_identity.public,
                                                 allow_insecure=allow_insecure_key)
             announcer = self.key_holder
         else:
@@ -123,7 +125,7 @@ class PaillierAggregation(AggregationProtocol):
         registration = client.receive_announcement(self._announcement)
         if registration is not None:
             transport.to_server(client_id, registration)
-            self.key_holder.register(registration)
+            client.receive_welcome(self.key_holder.register(registration))
         self._clients[client_id] = client
         return client
 
@@ -148,7 +150,8 @@ class PaillierAggregation(AggregationProtocol):
         clients = {u.client_id: self._client(u.client_id, transport) for u in valid}
         server = PaillierServer(self.public_key, spec, expected=[u.client_id for u in valid],
                                 threshold=self.threshold,
-                                identities={c: k.public for c, k in self._identities.items()})
+                                identities={c: k.public for c, k in self._identities.items()},
+                                identity=self._server_identity)
         aborts, late_drops = 0, set()
         for u in valid:
             rounding = np.random.default_rng(self.rng.integers(0, 2**63 - 1))
@@ -171,7 +174,12 @@ class PaillierAggregation(AggregationProtocol):
             except MalformedMessage:
                 continue
         if self.key_holder is not None:
-            words = server.finish(self.key_holder.decrypt(server.decryption_request()))
+            try:
+                request = server.decryption_request()
+            except ProtocolAbort:
+                self.key_holder.respond(server.void_request())  # burn the number: next one next
+                raise
+            words = server.finish(self.key_holder.decrypt(request))
         else:
             words, refused = self._threshold_decrypt(server, transport, late_drops)
             aborts += refused

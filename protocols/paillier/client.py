@@ -25,12 +25,13 @@ from protocols.paillier.messages import (
     PartialResponse,
     Registration,
     Submission,
+    Welcome,
     decode,
     encode,
 )
-from protocols.paillier.spec import RoundSpec, round_tags, tag_key
+from protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
 from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
-from secagg.keys import KeyPair, SigningKey, verify
+from secagg.keys import KeyPair, SigningKey, open_sealed, verify
 from secagg.paillier import (
     DJNRandomness,
     PaillierPublicKey,
@@ -53,6 +54,8 @@ BAD_WORDS = "words do not fit the round spec"
 BAD_REQUEST = "decryption request malformed or for a stale aggregation"
 UNAUTHENTICATED = "a summed submission does not verify"
 TOO_FEW = "fewer contributions than the threshold"
+STALE_ANNOUNCEMENT = "announcement is for an older key epoch, or differs from this epoch's"
+BAD_WELCOME = "welcome does not open or is for another key"
 
 
 class PaillierClient:
@@ -85,16 +88,30 @@ class PaillierClient:
         self._tag_key = b""
         self._last_submitted = 0
         self._last_decrypted = 0
+        self.epoch = 0
+        self._announced = b""
+        self._registration: bytes | None = None
+        self._wrap_key = b""
+        self._mac_key = b""
 
     def receive_announcement(self, data: bytes) -> bytes | None:
         """Verify the signed key announcement. Under key-holder custody returns this client's
-        signed registration (its tag key); under threshold custody returns None."""
+        signed registration (its tag key); under threshold custody returns None.
+
+        The key epoch only moves forward: an announcement for an older epoch, or a different one
+        for the current epoch (a replay of an old key), is refused; the current one again gets
+        the same registration back."""
         try:
             message = decode(data, Announcement)
             verify(self._announcer_identity, message.signature,
                    ANNOUNCE_DOMAIN + message.signed_part())
         except (MalformedMessage, CryptoError):
             raise ClientAbort(BAD_ANNOUNCEMENT) from None
+        if message.epoch < self.epoch or (message.epoch == self.epoch
+                                          and message.signed_part() != self._announced):
+            raise ClientAbort(STALE_ANNOUNCEMENT)
+        if message.epoch == self.epoch:
+            return self._registration
         try:
             public_key = PaillierPublicKey.from_bytes(message.public_key)
         except InvalidArgumentError:
@@ -107,23 +124,45 @@ class PaillierClient:
                 self._share is None or self._share.public_key != public_key
                 or self._share.threshold != message.threshold):
             raise ClientAbort(WRONG_SHARE)
+        if message.custody == KEY_HOLDER:
+            pair = KeyPair.generate()
+            try:
+                shared = pair.agree(message.tag_public)
+            except CryptoError:
+                raise ClientAbort(BAD_ANNOUNCEMENT) from None
         if public_key != self.public_key:
             self._randomness = DJNRandomness(public_key)
         self.public_key, self.threshold, self.custody = public_key, message.threshold, message.custody
+        self.epoch, self._announced, self._registration = message.epoch, message.signed_part(), None
+        self._mac_key = b""
         if message.custody != KEY_HOLDER:
             return None
-        pair = KeyPair.generate()
-        try:
-            shared = pair.agree(message.tag_public)
-        except CryptoError:
-            raise ClientAbort(BAD_ANNOUNCEMENT) from None
         self._tag_key = tag_key(shared, public_key.key_id, self.client_id)
+        self._wrap_key = wrap_key(shared, public_key.key_id, message.epoch, self.client_id)
         registration = Registration(self.client_id, public_key.key_id, pair.public)
         signature = self._identity.sign(REGISTER_DOMAIN + registration.signed_part())
-        return encode(Registration(self.client_id, public_key.key_id, pair.public, signature))
+        self._registration = encode(Registration(self.client_id, public_key.key_id, pair.public,
+                                                 signature))
+        return self._registration
+
+    def receive_welcome(self, data: bytes) -> None:
+        """Key-holder custody: open the group MAC key the key holder sealed for this client."""
+        if self.public_key is None or self.custody != KEY_HOLDER:
+            raise ClientAbort(NOT_READY)
+        try:
+            message = decode(data, Welcome)
+            if (message.client_id, message.key_id, message.epoch) != (
+                    self.client_id, self.public_key.key_id, self.epoch):
+                raise ClientAbort(BAD_WELCOME)
+            mac_key = open_sealed(self._wrap_key, message.sealed,
+                                  welcome_associated(message.key_id, message.epoch, self.client_id))
+        except (MalformedMessage, CryptoError):
+            raise ClientAbort(BAD_WELCOME) from None
+        self._mac_key = mac_key
 
     def _spec(self, spec_bytes: bytes) -> RoundSpec:
-        if self.public_key is None or self._randomness is None:
+        if self.public_key is None or self._randomness is None or (
+                self.custody == KEY_HOLDER and not self._mac_key):
             raise ClientAbort(NOT_READY)
         try:
             spec = RoundSpec.from_bytes(spec_bytes)
@@ -151,8 +190,8 @@ class PaillierClient:
         full[:-1] = words
         full[-1] = 1
         layout = spec.layout(self.public_key)
-        count = layout.ciphertexts_for(spec.length)
-        tags = round_tags(self._tag_key, spec, count) if spec.tagged else None
+        tags = (client_tags(self._mac_key, self._tag_key, spec, layout, layout.rows(full))
+                if spec.tagged else None)
         ciphertexts = encrypt(self.public_key, layout.pack(full, tags), self._randomness)
         self._last_submitted = spec.sequence
         unsigned = Submission(self.client_id, spec.digest,

@@ -1,45 +1,76 @@
 """The key holder: the only party with the Paillier decryption key, and what it refuses.
 
-It is a role apart from the server (an auditor, or one designated hospital). It decrypts one
-aggregate per aggregation sequence number and releases the sum only if
+It is a role apart from the server (an auditor, or one designated hospital). Who may lie: the
+server (any request, any ciphertexts it can form from the public key and the clients'
+ciphertexts), together with up to t - 1 enrolled clients. What it must never get: a decryption of
+anything but the sum of at least t distinct registered clients' ciphertexts for one aggregation,
+each taken once, and never two sums of one aggregation. What it must never learn from a refusal:
+anything about a plaintext.
 
-- the sequence number is newer than every one it saw before (a request burns its number, so a
-  server cannot ask twice with different contributor sets and subtract);
-- the claimed contributors are distinct, enrolled, registered, at least ``threshold`` and at most
-  the spec's ``max_contributions``;
-- the batch is well formed, under its key, for that sequence, with the right count;
-- every plaintext's top field equals the sum of the claimed contributors' tags for that index,
-  the count word equals the number of contributors and no word exceeds what that many can sum to.
+A request is handled in this order:
 
-Anything else raises :class:`DecryptionRefused` and releases nothing.
+1. It must parse and carry a valid Ed25519 signature of the server's identity. Otherwise it is
+   refused and nothing changes (junk from anyone else burns nothing).
+2. Its sequence number must be exactly the next after the last one burned (persisted in a
+   :class:`~protocols.paillier.state.SequenceStore`). Otherwise refused, nothing changes. Then
+   the number is burned, durably, before anything is decrypted: the server gets at most one
+   decryption attempt per aggregation, and a probe spends the real round (the round aborts,
+   visibly).
+3. The checks that depend only on what the server already knows (contributors distinct,
+   registered, t <= |S| <= the spec's maximum, a tagged spec, a valid batch of the right count
+   under this key for this sequence).
+4. Every ciphertext is decrypted and unpacked, and every plaintext-dependent check is evaluated,
+   each over all ciphertexts, and only then combined: all values in range, the MAC (tag) of every
+   plaintext, the count word, every word within what |S| clients can sum to. No early exit.
+
+Every refusal is the same: :class:`DecryptionRefused` with one fixed message, or on the wire the
+fieldless :class:`~protocols.paillier.messages.Refusal`. Which rule fired goes only to the key
+holder's own record (:attr:`PaillierKeyHolder.refusals`), which is never sent.
 """
 
 from __future__ import annotations
+
+import os
 
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
     REGISTER_DOMAIN,
+    REQUEST_DOMAIN,
     Announcement,
     DecryptionRequest,
     DecryptionResult,
+    Refusal,
     Registration,
+    Welcome,
     decode,
     encode,
 )
-from protocols.paillier.spec import RoundSpec, round_tags, tag_key
-from secagg.errors import CryptoError, EncodingError, InvalidArgumentError, InvalidCiphertextError
-from secagg.keys import KeyPair, SigningKey, verify
-from secagg.paillier import decode_batch, decrypt, generate_keypair
+from protocols.paillier.spec import (
+    RoundSpec,
+    round_coefficients,
+    round_tags,
+    tag_key,
+    welcome_associated,
+    wrap_key,
+)
+from protocols.paillier.state import MemorySequenceStore, SequenceStore, StaleSequence
+from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
+from secagg.keys import KEY_BYTES, KeyPair, SigningKey, seal, verify
+from secagg.paillier import PaillierPrivateKey, decode_batch, decrypt, generate_keypair
+from secagg.paillier.packing import MAC_PRIME, slot_forms
+
+REFUSAL = encode(Refusal())
+"""The one refusal the key holder sends, whatever the reason."""
+_REFUSED = "the key holder refused to decrypt"
 
 
 class DecryptionRefused(ProtocolAbort):
-    """The key holder would not decrypt; ``reason`` says which rule fired. Nothing was released."""
+    """The key holder would not decrypt. Always the same message; nothing was released."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"key holder refused to decrypt: {reason}")
-        self.reason = reason
+    def __init__(self) -> None:
+        super().__init__(_REFUSED)
 
 
 class PaillierKeyHolder:
@@ -47,22 +78,50 @@ class PaillierKeyHolder:
 
     Args:
         threshold: fewest contributions it will decrypt a sum of, >= 2.
+        server_identity: the server's Ed25519 public key (32 bytes, known out of band); every
+            decryption request must be signed by it.
         key_bits: Paillier modulus size (2048 or 3072; 512/1024 only with ``allow_insecure``).
         identity: its Ed25519 identity key (clients know the public half beforehand).
+        epoch: key epoch in its announcement, >= 1 (a new key must come with a higher one).
+        store: where the burned sequence numbers live (default: in memory, lost on exit).
+        private_key, tag_secret, mac_key: a restarted key holder's own secrets (its Paillier
+            private key, X25519 tag private key, 32-byte group MAC key); fresh ones if omitted.
     """
 
-    def __init__(self, *, threshold: int, key_bits: int = 2048, identity: SigningKey | None = None,
+    def __init__(self, *, threshold: int, server_identity: bytes, key_bits: int = 2048,
+                 identity: SigningKey | None = None, epoch: int = 1,
+                 store: SequenceStore | None = None, private_key: PaillierPrivateKey | None = None,
+                 tag_secret: bytes | None = None, mac_key: bytes | None = None,
                  allow_insecure: bool = False) -> None:
         if threshold < 2:
             raise InvalidArgumentError(f"threshold must be >= 2, got {threshold}")
-        self.threshold = threshold
+        if not isinstance(server_identity, bytes) or len(server_identity) != KEY_BYTES:
+            raise InvalidArgumentError(f"server_identity must be {KEY_BYTES} bytes")
+        if not 1 <= epoch < 1 << 64:
+            raise InvalidArgumentError(f"epoch must be in [1, 2^64), got {epoch}")
+        if mac_key is not None and len(mac_key) != KEY_BYTES:
+            raise InvalidArgumentError(f"mac_key must be {KEY_BYTES} bytes")
+        self.threshold, self.epoch = threshold, epoch
+        self.server_identity = server_identity
         self.identity = identity or SigningKey.generate()
-        self.public_key, self._private_key = generate_keypair(key_bits, allow_insecure=allow_insecure)
-        self._tag_pair = KeyPair.generate()
+        if private_key is None:
+            self.public_key, self._private_key = generate_keypair(key_bits,
+                                                                  allow_insecure=allow_insecure)
+        else:
+            self.public_key, self._private_key = private_key.public_key, private_key
+        self._tag_pair = KeyPair.generate() if tag_secret is None else KeyPair.from_private(tag_secret)
+        self._mac_key = mac_key or os.urandom(KEY_BYTES)
+        self.store: SequenceStore = store if store is not None else MemorySequenceStore()
         self._roster: dict[int, bytes] = {}
         self._tag_keys: dict[int, bytes] = {}
-        self.last_sequence = 0
         self.decryptions = 0
+        self.refusals: list[tuple[int | None, str]] = []
+        """The key holder's own record of (sequence or None, reason): never sent to anyone."""
+
+    @property
+    def last_sequence(self) -> int:
+        """The last burned sequence number of this key."""
+        return self.store.last_burned(self.public_key.key_id)
 
     def enroll(self, client_id: int, identity_public: bytes) -> None:
         """Admit a client's identity key (out of band: a certificate, an administrator)."""
@@ -73,13 +132,14 @@ class PaillierKeyHolder:
     def announcement(self) -> bytes:
         """The signed key announcement every client checks before registering."""
         unsigned = Announcement(KEY_HOLDER, self.public_key.to_bytes(), self._tag_pair.public,
-                                self.threshold)
+                                self.threshold, epoch=self.epoch)
         signature = self.identity.sign(ANNOUNCE_DOMAIN + unsigned.signed_part())
         return encode(Announcement(KEY_HOLDER, unsigned.public_key, unsigned.tag_public,
-                                   self.threshold, signature))
+                                   self.threshold, signature, self.epoch))
 
-    def register(self, data: bytes) -> None:
-        """Accept an enrolled client's signed tag key; raises MalformedMessage otherwise."""
+    def register(self, data: bytes) -> bytes:
+        """Accept an enrolled client's signed tag key; returns that client's Welcome (the group
+        MAC key sealed for it). Raises MalformedMessage otherwise."""
         message = decode(data, Registration)
         identity = self._roster.get(message.client_id)
         if identity is None:
@@ -91,47 +151,93 @@ class PaillierKeyHolder:
             shared = self._tag_pair.agree(message.tag_public)
         except CryptoError:
             raise MalformedMessage("registration does not verify") from None
-        self._tag_keys[message.client_id] = tag_key(shared, self.public_key.key_id,
-                                                    message.client_id)
+        key_id, client_id = self.public_key.key_id, message.client_id
+        self._tag_keys[client_id] = tag_key(shared, key_id, client_id)
+        sealed = seal(wrap_key(shared, key_id, self.epoch, client_id), self._mac_key,
+                      welcome_associated(key_id, self.epoch, client_id))
+        return encode(Welcome(client_id, key_id, self.epoch, sealed))
+
+    def respond(self, data: bytes) -> bytes:
+        """What goes back on the wire: the DecryptionResult, or :data:`REFUSAL`."""
+        try:
+            return self.decrypt(data)
+        except DecryptionRefused:
+            return REFUSAL
+
+    def _refuse(self, sequence: int | None, reason: str) -> DecryptionRefused:
+        self.refusals.append((sequence, reason))
+        return DecryptionRefused()
 
     def decrypt(self, data: bytes) -> bytes:
-        """Check and decrypt one aggregate; returns the DecryptionResult message."""
+        """Check and decrypt one aggregate; returns the DecryptionResult message or raises
+        DecryptionRefused (always the same)."""
         try:
             request = decode(data, DecryptionRequest)
+            verify(self.server_identity, request.signature, REQUEST_DOMAIN + request.signed_part())
             spec = RoundSpec.from_bytes(request.spec)
-        except MalformedMessage as error:
-            raise DecryptionRefused(f"malformed request ({error})") from None
-        if spec.sequence <= self.last_sequence:
-            raise DecryptionRefused(f"aggregation {spec.sequence} is not newer than "
-                                    f"{self.last_sequence}")
-        self.last_sequence = spec.sequence
-        contributors = request.participants
-        if len(set(contributors)) != len(contributors):
-            raise DecryptionRefused("a contributor is listed twice")
-        if any(c not in self._tag_keys for c in contributors):
-            raise DecryptionRefused("a contributor is not registered")
-        if not spec.tagged:
-            raise DecryptionRefused("the aggregate carries no integrity tags")
-        if not self.threshold <= len(contributors) <= spec.max_contributions:
-            raise DecryptionRefused(f"{len(contributors)} contributors, need between "
-                                    f"{self.threshold} and {spec.max_contributions}")
+        except (MalformedMessage, CryptoError):
+            raise self._refuse(None, "malformed, or not signed by the server") from None
+        key_id = self.public_key.key_id
+        expected = self.store.last_burned(key_id) + 1
+        if spec.sequence != expected:
+            raise self._refuse(spec.sequence, f"not the next sequence number ({expected})")
         try:
-            layout = spec.layout(self.public_key)
-            count = layout.ciphertexts_for(spec.length)
+            self.store.burn(key_id, spec.sequence)
+        except StaleSequence:
+            raise self._refuse(spec.sequence, "burned concurrently") from None
+        contributors = request.participants
+        structure = self._structure_problem(spec, contributors)
+        if structure:
+            raise self._refuse(spec.sequence, structure)
+        layout = spec.layout(self.public_key)
+        count = layout.ciphertexts_for(spec.length)
+        try:
             values = decode_batch(request.batch, self.public_key, round_index=spec.sequence,
                                   count=count)
-            words, tops = layout.unpack(decrypt(self._private_key, values), spec.length)
-        except (InvalidArgumentError, InvalidCiphertextError, EncodingError) as error:
-            raise DecryptionRefused(f"invalid aggregate ({error})") from None
-        expected = [0] * count
-        for c in contributors:
-            for k, t in enumerate(round_tags(self._tag_keys[c], spec, count)):
-                expected[k] += t
-        if tops != expected:
-            raise DecryptionRefused("integrity tags do not match the claimed contributors")
-        if int(words[-1]) != len(contributors):
-            raise DecryptionRefused("the count word does not match the claimed contributors")
-        if int(words.max()) > len(contributors) * spec.word_bound:
-            raise DecryptionRefused("a word exceeds what the contributors can sum to")
+        except InvalidCiphertextError:
+            raise self._refuse(spec.sequence, "invalid ciphertext batch") from None
+        rows, tops, in_range = layout.unpack_rows(decrypt(self._private_key, values))
+        failed = self._plaintext_checks(spec, contributors, rows, tops, in_range)
+        if failed:
+            raise self._refuse(spec.sequence, "; ".join(failed))
         self.decryptions += 1
+        words = rows.reshape(-1)[: spec.length].copy()
         return encode(DecryptionResult(spec.sequence, contributors, words))
+
+    def _structure_problem(self, spec: RoundSpec, contributors: tuple[int, ...]) -> str:
+        """What is wrong with the request's form (all known to the server), or ''."""
+        if len(set(contributors)) != len(contributors):
+            return "a contributor is listed twice"
+        if any(c not in self._tag_keys for c in contributors):
+            return "a contributor is not registered"
+        if not spec.tagged:
+            return "the aggregate carries no integrity tags"
+        if not self.threshold <= len(contributors) <= spec.max_contributions:
+            return (f"{len(contributors)} contributors, need between {self.threshold} and "
+                    f"{spec.max_contributions}")
+        try:
+            spec.layout(self.public_key)
+        except InvalidArgumentError:
+            return "the layout does not fit this key"
+        return ""
+
+    def _plaintext_checks(self, spec: RoundSpec, contributors: tuple[int, ...], rows, tops,
+                          in_range: bool) -> list[str]:
+        """Every plaintext-dependent rule, each evaluated in full before any is reported."""
+        count, size = len(tops), len(contributors)
+        layout = spec.layout(self.public_key)
+        forms = slot_forms(rows, round_coefficients(self._mac_key, spec, layout, count))
+        pads = [0] * count
+        for c in contributors:
+            for k, b in enumerate(round_tags(self._tag_keys[c], spec, count)):
+                pads[k] += b
+        tags_ok = True
+        for top, form, pad in zip(tops, forms, pads, strict=True):
+            tags_ok &= (top < size * MAC_PRIME) & ((top - form - pad) % MAC_PRIME == 0)
+        words = rows.reshape(-1)
+        count_ok = int(words[spec.length - 1]) == size
+        bound_ok = int(words[: spec.length].max()) <= size * spec.word_bound
+        padding_ok = not words[spec.length :].any()
+        checks = {"a plaintext outside the packed range": in_range, "tags": tags_ok,
+                  "count word": count_ok, "word bound": bound_ok, "padding": padding_ok}
+        return [name for name, ok in checks.items() if not ok]

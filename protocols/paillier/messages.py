@@ -23,6 +23,7 @@ _VERSION = 1
 ANNOUNCE_DOMAIN = b"fedsec/paillier/announce/v1"
 REGISTER_DOMAIN = b"fedsec/paillier/register/v1"
 SUBMIT_DOMAIN = b"fedsec/paillier/submit/v1"
+REQUEST_DOMAIN = b"fedsec/paillier/decryption-request/v1"
 KEY_HOLDER, THRESHOLD = 1, 2
 """Custody codes: one key holder decrypts, or t of the clients' key shares do."""
 
@@ -30,20 +31,22 @@ KEY_HOLDER, THRESHOLD = 1, 2
 @dataclass(frozen=True)
 class Announcement:
     """Key holder (or threshold dealer) to everyone: the custody code, the Paillier public key,
-    the X25519 key for tags (key-holder custody; zeros otherwise) and the threshold. Signed with
-    the announcer's identity key, which clients know beforehand."""
+    the X25519 key for tags (key-holder custody; zeros otherwise), the threshold and the key
+    epoch (>= 1; a client only ever moves to a higher one). Signed with the announcer's identity
+    key, which clients know beforehand."""
 
     custody: int
     public_key: bytes
     tag_public: bytes
     threshold: int
     signature: bytes = b""
+    epoch: int = 1
 
     KIND = 1
 
     def signed_part(self) -> bytes:
         return (Writer().u8(self.custody).blob(self.public_key).fixed(self.tag_public, KEY_BYTES)
-                .u32(self.threshold).getvalue())
+                .u32(self.threshold).u64(self.epoch).getvalue())
 
 
 @dataclass(frozen=True)
@@ -82,13 +85,41 @@ class Submission:
 
 @dataclass(frozen=True)
 class DecryptionRequest:
-    """Server to key holder: the spec, who contributed, and the product of their ciphertexts."""
+    """Server to key holder: the spec, who contributed, and the product of their ciphertexts,
+    signed with the server's identity key (the key holder checks it before anything else)."""
 
     spec: bytes
     participants: tuple[int, ...]
     batch: bytes
+    signature: bytes = b""
 
     KIND = 4
+
+    def signed_part(self) -> bytes:
+        return (Writer().blob(self.spec).ids(self.participants)
+                .fixed(hashlib.sha256(self.batch).digest(), 32).getvalue())
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """Key holder to one registered client (relayed by the server): the group MAC key of this
+    Paillier key and epoch, sealed (AES-GCM) under a key only that client and the key holder
+    derive from their X25519 agreement."""
+
+    client_id: int
+    key_id: bytes
+    epoch: int
+    sealed: bytes
+
+    KIND = 16
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Key holder to server: "refused", with no field at all, whatever the reason (the reason
+    stays in the key holder's own record)."""
+
+    KIND = 17
 
 
 @dataclass(frozen=True)
@@ -125,14 +156,14 @@ class DecryptionResult:
 
 
 Message = (Announcement | Registration | Submission | DecryptionRequest | DecryptionResult
-           | PartialRequest | PartialResponse)
+           | PartialRequest | PartialResponse | Welcome | Refusal)
 
 
 def encode(message: Message) -> bytes:
     w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
     if isinstance(message, Announcement):
         w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES)
-        w.u32(message.threshold).fixed(message.signature, SIGNATURE_BYTES)
+        w.u32(message.threshold).u64(message.epoch).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Registration):
         w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES)
         w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
@@ -141,6 +172,12 @@ def encode(message: Message) -> bytes:
         w.fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, DecryptionRequest):
         w.blob(message.spec).ids(message.participants).blob(message.batch)
+        w.fixed(message.signature, SIGNATURE_BYTES)
+    elif isinstance(message, Welcome):
+        w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES).u64(message.epoch)
+        w.blob(message.sealed)
+    elif isinstance(message, Refusal):
+        pass
     elif isinstance(message, PartialRequest):
         w.blob(message.spec).u32(len(message.submissions))
         for submission in message.submissions:
@@ -168,15 +205,22 @@ def decode(data: bytes, kind: type[Message]) -> Message:
         custody = r.u8()
         if custody not in (KEY_HOLDER, THRESHOLD):
             raise MalformedMessage("unknown custody code")
-        message = Announcement(custody, bytes(r.view()), r.fixed(KEY_BYTES), r.u32(),
-                               r.fixed(SIGNATURE_BYTES))
+        public_key, tag_public, threshold = bytes(r.view()), r.fixed(KEY_BYTES), r.u32()
+        epoch = r.u64()
+        message = Announcement(custody, public_key, tag_public, threshold,
+                               r.fixed(SIGNATURE_BYTES), epoch)
     elif kind is Registration:
         message = Registration(r.u64(), r.fixed(KEY_ID_BYTES), r.fixed(KEY_BYTES),
                                r.fixed(SIGNATURE_BYTES))
     elif kind is Submission:
         message = Submission(r.u64(), r.fixed(32), bytes(r.view()), r.fixed(SIGNATURE_BYTES))
     elif kind is DecryptionRequest:
-        message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()))
+        message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()),
+                                    r.fixed(SIGNATURE_BYTES))
+    elif kind is Welcome:
+        message = Welcome(r.u64(), r.fixed(KEY_ID_BYTES), r.u64(), bytes(r.view()))
+    elif kind is Refusal:
+        message = Refusal()
     elif kind is PartialRequest:
         spec = bytes(r.view())
         message = PartialRequest(spec, tuple(bytes(r.view()) for _ in range(r.count())))

@@ -14,6 +14,7 @@ import numpy as np
 
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.messages import (
+    REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
@@ -25,7 +26,7 @@ from protocols.paillier.messages import (
 )
 from protocols.paillier.spec import RoundSpec
 from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
-from secagg.keys import verify
+from secagg.keys import SigningKey, verify
 from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
 from secagg.paillier.threshold import combine
 
@@ -40,11 +41,15 @@ class PaillierServer:
         threshold: the announced minimum number of contributions (and, under threshold custody,
             of decryption shares).
         identities: client id -> Ed25519 identity key; each submission's signature is checked.
+        identity: the server's own Ed25519 identity key, which signs decryption requests
+            (key-holder custody; the key holder refuses unsigned ones).
     """
 
     def __init__(self, public_key: PaillierPublicKey, spec: RoundSpec, *, expected: Iterable[int],
-                 threshold: int, identities: Mapping[int, bytes]) -> None:
+                 threshold: int, identities: Mapping[int, bytes],
+                 identity: SigningKey | None = None) -> None:
         self.public_key, self.spec, self.threshold = public_key, spec, threshold
+        self.identity = identity
         self.expected = frozenset(expected)
         self.identities = dict(identities)
         self._submissions: list[bytes] = []
@@ -86,10 +91,24 @@ class PaillierServer:
                                 f"{self.threshold} are decrypted")
 
     def decryption_request(self) -> bytes:
-        """Key-holder custody: the request; ProtocolAbort if fewer than ``threshold`` contributed."""
+        """Key-holder custody: the signed request; ProtocolAbort if fewer than ``threshold``
+        contributed, ValueError (naming ``identity``) if the server has no identity key."""
         self._check_enough()
-        batch = encode_batch(self.public_key, self.spec.sequence, self._total)
-        return encode(DecryptionRequest(self.spec.to_bytes(), tuple(self.participants), batch))
+        return self._signed_request(tuple(self.participants),
+                                    encode_batch(self.public_key, self.spec.sequence, self._total))
+
+    def void_request(self) -> bytes:
+        """Key-holder custody: a signed request with no contributors, sent when the aggregation
+        aborts before decryption. The key holder burns its sequence number and refuses it, so the
+        next aggregation's number is the next one it accepts."""
+        return self._signed_request((), b"")
+
+    def _signed_request(self, participants: tuple[int, ...], batch: bytes) -> bytes:
+        if self.identity is None:
+            raise ValueError("identity: the server needs its signing key to ask the key holder")
+        unsigned = DecryptionRequest(self.spec.to_bytes(), participants, batch)
+        signature = self.identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
+        return encode(DecryptionRequest(unsigned.spec, participants, batch, signature))
 
     def finish(self, data: bytes) -> np.ndarray:
         """The summed words (count word last) from the key holder's result."""

@@ -4,13 +4,20 @@ A :class:`RoundSpec` fixes how clients pack (words per client, slot width, large
 contributions); its SHA-256 digest enters every tag, so a server that tells clients one layout
 and the key holder another fails the tag check.
 
-Integrity tags. Client i and the key holder share a tag key (X25519 + HKDF). For a round, the
-key derives one uniform 128-bit tag per ciphertext index k, and client i's plaintext k carries
-t_{i,k} in its top field. The key holder, given the claimed contributors S, accepts a decrypted
-aggregate only if every top field equals sum_{i in S} t_{i,k} exactly. The server, which never
-learns a tag, cannot change which ciphertexts enter a sum, scale one, move one to another index
-or reuse one from another round without changing some top field (see the README's trust model
-for the argument and its limits).
+Integrity tags: a linear MAC over every slot. The key holder hands every registered client the
+same group MAC key K (sealed under their pairwise X25519 key), and client i shares a pad key with
+the key holder. For aggregation ``spec`` and plaintext index k, K derives secret coefficients
+a_{k,j} (one per slot j, below 2^127) and client i's pad key derives a pad b_{i,k}; both are
+bound to the spec digest. Client i's plaintext k, with slot values s_{i,k,j}, carries in its top
+field
+
+    T_{i,k} = (sum_j a_{k,j} s_{i,k,j} + b_{i,k}) mod p,   p = 2^127 - 1.
+
+The key holder, given the claimed contributors S and the decrypted sum with slots w_{k,j} and top
+field T_k, accepts only if for every k: T_k < |S| p and
+T_k = sum_j a_{k,j} w_{k,j} + sum_{i in S} b_{i,k} (mod p). Both sides add up over clients as
+long as no slot carries (:func:`secagg.paillier.packing.slot_forms`), so honest sums pass; the
+argument for why nothing else does (with its adversaries) is in docs/paillier-keyholder.md.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import numpy as np
 from protocols.errors import MalformedMessage
 from secagg.keys import context_bytes, derive_key
 from secagg.paillier import PaillierPublicKey, SlotLayout, slot_bits_for
+from secagg.paillier.packing import MAC_PRIME, coefficients_from, slot_forms
 from secagg.prg import MaskExpander
 
 TAG_BITS = 128
@@ -97,7 +105,34 @@ def tag_key(shared_secret: bytes, key_id: bytes, client_id: int) -> bytes:
 
 
 def round_tags(key: bytes, spec: RoundSpec, count: int) -> list[int]:
-    """``count`` uniform 128-bit tags for the aggregation ``spec`` (AES-CTR under a derived key)."""
+    """``count`` uniform 128-bit pads b_{i,k} for the aggregation ``spec`` (AES-CTR under a
+    derived key; used mod p, within statistical distance 2^-126 of uniform)."""
     round_key = derive_key(key, purpose=b"paillier-round-tag", context=spec.digest)
     words = MaskExpander(length=2 * count, modulus_bits=64).expand(round_key).reshape(count, 2)
     return [int(lo) | (int(hi) << 64) for lo, hi in words.astype(np.uint64).tolist()]
+
+
+def round_coefficients(mac_key: bytes, spec: RoundSpec, layout: SlotLayout, count: int) -> np.ndarray:
+    """The MAC coefficients a_{k,j} of aggregation ``spec``: (count, slots, 8) 16-bit limbs."""
+    round_key = derive_key(mac_key, purpose=b"paillier-round-mac", context=spec.digest)
+    stream = MaskExpander(length=2 * count * layout.slots, modulus_bits=64).expand(round_key)
+    return coefficients_from(stream.astype("<u8").view(np.uint8), count, layout.slots)
+
+
+def client_tags(mac_key: bytes, pad_key: bytes, spec: RoundSpec, layout: SlotLayout,
+                rows: np.ndarray) -> list[int]:
+    """T_{i,k} = (sum_j a_{k,j} s_{k,j} + b_{i,k}) mod p for a client's slot matrix ``rows``."""
+    count = rows.shape[0]
+    forms = slot_forms(rows, round_coefficients(mac_key, spec, layout, count))
+    return [(f + b) % MAC_PRIME for f, b in zip(forms, round_tags(pad_key, spec, count), strict=True)]
+
+
+def wrap_key(shared_secret: bytes, key_id: bytes, epoch: int, client_id: int) -> bytes:
+    """The AES-GCM key that seals the group MAC key for one client (key holder and that client)."""
+    return derive_key(shared_secret, purpose=b"paillier-mac-key-wrap",
+                      context=context_bytes(key_id, epoch, client_id))
+
+
+def welcome_associated(key_id: bytes, epoch: int, client_id: int) -> bytes:
+    """Associated data of the sealed group MAC key."""
+    return b"fedsec/paillier/welcome/v1" + context_bytes(key_id, epoch, client_id)

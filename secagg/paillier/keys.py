@@ -23,10 +23,37 @@ TEST_KEY_BITS = (512, 1024)
 """Sizes for fast tests only: generating one needs ``allow_insecure=True``."""
 
 _MAGIC = b"FSPK"
-_SMALL_PRIMES = 1
-for _p in range(3, 10_000, 2):
-    if gmpy2.is_prime(_p):
-        _SMALL_PRIMES *= _p
+TRIAL_DIVISION_BOUND = 1 << 20
+"""Every prime factor below this bound is found (one gcd with the primorial)."""
+FERMAT_STEPS = 1 << 12
+"""Fermat's method runs this many steps: it factors n = p q whenever |p - q| < sqrt(8 x steps) n^(1/4)."""
+_PRIMORIAL = gmpy2.primorial(TRIAL_DIVISION_BOUND)
+
+
+def cheaply_factorable(n: int) -> bool:
+    """Whether ``n`` falls to a cheap attack: even, prime, a perfect power (p^2, p^3, ...), a prime
+    factor below 2^20 (trial division as one gcd with the primorial), or two factors so close that
+    Fermat's method finds them within ``FERMAT_STEPS`` steps (p and next_prime(p): one step).
+
+    About 2 ms for a 2048-bit n. A modulus that passes can still be weak in ways no cheap test
+    sees (p - 1 smooth, a factor shared with another key, a backdoored generator); who is trusted
+    to choose the key is part of the trust model, not of this check.
+    """
+    n = gmpy2.mpz(n)
+    if n < 3 or not n & 1 or gmpy2.is_prime(n) or gmpy2.is_power(n):
+        return True
+    if gmpy2.gcd(_PRIMORIAL % n, n) != 1:
+        return True
+    a, remainder = gmpy2.isqrt_rem(n)
+    if remainder:
+        a += 1
+    b2 = a * a - n
+    for _ in range(FERMAT_STEPS):
+        if gmpy2.is_square(b2):
+            return True
+        b2 += 2 * a + 1
+        a += 1
+    return False
 
 
 @dataclass(frozen=True)
@@ -49,7 +76,7 @@ class PaillierPublicKey:
         if bits not in SECURE_KEY_BITS + TEST_KEY_BITS:
             raise InvalidArgumentError(f"a Paillier modulus must have one of "
                                        f"{SECURE_KEY_BITS + TEST_KEY_BITS} bits, got {bits}")
-        if not n & 1 or gmpy2.gcd(n, _SMALL_PRIMES) != 1 or gmpy2.is_square(n) or gmpy2.is_prime(n):
+        if cheaply_factorable(n):
             raise InvalidArgumentError("the Paillier modulus is not a product of two large primes")
         object.__setattr__(self, "n", int(n))
         object.__setattr__(self, "n_square", n * n)

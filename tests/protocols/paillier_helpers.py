@@ -24,6 +24,7 @@ class PaillierSession:
     clients: dict[int, PaillierClient]
     identities: dict[int, SigningKey]
     threshold: int
+    server_identity: SigningKey
     key_holder: PaillierKeyHolder | None = None
     dealer: ThresholdDealer | None = None
     sequence: int = 0
@@ -43,7 +44,8 @@ class PaillierSession:
     def server(self, spec: RoundSpec) -> PaillierServer:
         return PaillierServer(self.public_key, spec, expected=list(self.clients),
                               threshold=self.threshold,
-                              identities={c: k.public for c, k in self.identities.items()})
+                              identities={c: k.public for c, k in self.identities.items()},
+                              identity=self.server_identity)
 
     def submissions(self, spec: RoundSpec, ids=None, seed: int = 0) -> dict[int, bytes]:
         rng = np.random.default_rng(seed)
@@ -63,8 +65,10 @@ def make_paillier_session(n: int = 4, *, threshold: int = 3, custody: str = "key
                           key_bits: int = 1024) -> PaillierSession:
     identities = {c: SigningKey.generate() for c in range(n)}
     roster = {c: k.public for c, k in identities.items()}
+    server_identity = SigningKey.generate()
     if custody == "key_holder":
-        holder = PaillierKeyHolder(threshold=threshold, key_bits=key_bits, allow_insecure=True)
+        holder = PaillierKeyHolder(threshold=threshold, key_bits=key_bits,
+                                   server_identity=server_identity.public, allow_insecure=True)
         announcer, dealer = holder, None
     else:
         holder = None
@@ -80,5 +84,5 @@ def make_paillier_session(n: int = 4, *, threshold: int = 3, custody: str = "key
         registration = clients[c].receive_announcement(announcement)
         if holder is not None:
             holder.enroll(c, identities[c].public)
-            holder.register(registration)
-    return PaillierSession(clients, identities, threshold, holder, dealer)
+            clients[c].receive_welcome(holder.register(registration))
+    return PaillierSession(clients, identities, threshold, server_identity, holder, dealer)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import gmpy2
 import numpy as np
 import pytest
@@ -9,7 +12,9 @@ import pytest
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.paillier import DecryptionRefused, RoundSpec
 from protocols.paillier import client as client_rules
+from protocols.paillier.keyholder import REFUSAL
 from protocols.paillier.messages import (
+    REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
@@ -18,6 +23,7 @@ from protocols.paillier.messages import (
     encode,
 )
 from secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt, generate_keypair
+from secagg.paillier.packing import MAC_PRIME
 from tests.protocols.paillier_helpers import make_paillier_session
 
 
@@ -102,71 +108,109 @@ def test_malformed_submissions_are_refused_and_change_nothing(session):
     assert np.array_equal(words, session.expected(range(4)))
 
 
-def _request(spec, participants, values, public):
-    return encode(DecryptionRequest(spec.to_bytes(), tuple(participants),
-                                    encode_batch(public, spec.sequence, values)))
+def _request(session, spec, participants, values, *, signer=None, batch_round=None):
+    """A decryption request as the (lying) server builds it, signed with its identity."""
+    public = session.public_key
+    batch = encode_batch(public, spec.sequence if batch_round is None else batch_round, values)
+    unsigned = DecryptionRequest(spec.to_bytes(), tuple(participants), batch)
+    signature = (signer or session.server_identity).sign(REQUEST_DOMAIN + unsigned.signed_part())
+    return encode(replace(unsigned, signature=signature))
 
 
-TAGS = "integrity tags"
+TAGS = "tags"
 LIES = {"claims a dropped client": TAGS, "one client claimed as many": TAGS,
-        "scaled ciphertext": f"{TAGS}|invalid aggregate", "swapped positions": TAGS,
+        "scaled ciphertext": TAGS, "swapped positions": TAGS,
         "listed twice": "listed twice", "too few": "contributors, need",
         "unregistered": "not registered", "other spec": TAGS,
-        "stale ciphertexts": TAGS, "batch for another round": "invalid aggregate",
-        "untagged": "no integrity tags",
-        "plaintext added": TAGS}
+        "stale ciphertexts": TAGS, "batch for another round": "invalid ciphertext batch",
+        "untagged": "no integrity tags", "plaintext added": TAGS,
+        "data offset": TAGS, "offset that carries": TAGS, "offset in a padding slot": TAGS,
+        "tag field plus p": "tags", "signed by a client": "not signed by the server",
+        "unsigned": "not signed by the server", "sequence 2^64 - 1": "not the next",
+        "old sequence": "not the next"}
 
 
 @pytest.mark.parametrize("lie", list(LIES))
 def test_key_holder_refuses_every_aggregate_it_cannot_authenticate(session, lie):
-    holder = session.key_holder
-    spec = session.spec(length=300)
-    server = _collect(session, spec)
-    public = session.public_key
-    total, ids = list(server._total), list(server.participants)
+    """Each lie of a server (holding the public key and every ciphertext) against the unmodified
+    key holder: refused with the one fixed refusal, the reason only in the key holder's record."""
+    holder, public = session.key_holder, session.public_key
     n2 = public.n_square
+    spec = session.spec(length=300)
+    layout = spec.layout(public)
     if lie == "claims a dropped client":
-        server = _collect(session, spec := session.spec(length=300), ids=[0, 1, 2])
-        data = _request(spec, [0, 1, 2, 3], list(server._total), public)
+        server = _collect(session, spec, ids=[0, 1, 2])
+        data = _request(session, spec, [0, 1, 2, 3], server._total)
     elif lie == "one client claimed as many":
-        one = decode_batch(decode(session.submissions(spec := session.spec(length=300), [0])[0],
-                                  Submission).batch, public, round_index=spec.sequence,
-                           count=server.count)
-        data = _request(spec, [0, 1, 2], one, public)
-    elif lie == "scaled ciphertext":
-        data = _request(spec, ids, [gmpy2.powmod(total[0], 2, n2), *total[1:]], public)
-    elif lie == "swapped positions":
-        data = _request(spec, ids, [total[1], total[0], *total[2:]], public)
-    elif lie == "listed twice":
-        data = _request(spec, [0, 1, 2, 2], total, public)
+        one = decode_batch(decode(session.submissions(spec, [0])[0], Submission).batch, public,
+                           round_index=spec.sequence, count=spec.ciphertexts(public))
+        data = _request(session, spec, [0, 1, 2], one)
     elif lie == "too few":
-        server = _collect(session, spec := session.spec(length=300), ids=[0, 1])
-        data = _request(spec, [0, 1], list(server._total), public)
-    elif lie == "unregistered":
-        data = _request(spec, [0, 1, 2, 3, 9], total, public)
-    elif lie == "other spec":
-        other = RoundSpec(spec.sequence, spec.length, spec.slot_bits + 1, spec.word_bound * 2,
-                          spec.max_contributions)
-        data = _request(other, ids, total, public)
-    elif lie == "stale ciphertexts":
-        newer = session.spec(length=300)
-        data = _request(newer, ids, total, public)
-    elif lie == "batch for another round":
-        data = encode(DecryptionRequest(spec.to_bytes(), tuple(ids),
-                                        encode_batch(public, spec.sequence + 1, total)))
-    elif lie == "untagged":
-        untagged = RoundSpec(spec.sequence, spec.length, spec.slot_bits, spec.word_bound,
-                             spec.max_contributions, tagged=False)
-        data = _request(untagged, ids, total, public)
-    else:  # the server adds a known plaintext to the top field to fake a fourth contribution
-        shift = spec.layout(public).data_bits
-        fake = (1 + (1 << shift) * public.n) % n2
-        server = _collect(session, spec := session.spec(length=300), ids=[0, 1, 2])
-        data = _request(spec, [0, 1, 2, 3], [t * fake % n2 for t in server._total], public)
-    before = holder.decryptions
-    with pytest.raises(DecryptionRefused, match=LIES[lie]):
-        holder.decrypt(data)
+        server = _collect(session, spec, ids=[0, 1])
+        data = _request(session, spec, [0, 1], server._total)
+    elif lie == "plaintext added":  # a known plaintext in the top field fakes a fourth client
+        server = _collect(session, spec, ids=[0, 1, 2])
+        fake = (1 + (1 << layout.data_bits) * public.n) % n2
+        data = _request(session, spec, [0, 1, 2, 3], [t * fake % n2 for t in server._total])
+    elif lie == "old sequence":
+        server = _collect(session, spec)
+        holder.decrypt(server.decryption_request())
+        data = _request(session, spec, server.participants, server._total)
+    else:
+        server = _collect(session, spec)
+        total, ids = list(server._total), list(server.participants)
+
+        def shifted(offset, index=0):
+            plus = (1 + offset * public.n) % n2
+            return [c * plus % n2 if k == index else c for k, c in enumerate(total)]
+
+        if lie == "scaled ciphertext":
+            data = _request(session, spec, ids, [gmpy2.powmod(total[0], 2, n2), *total[1:]])
+        elif lie == "swapped positions":
+            data = _request(session, spec, ids, [total[1], total[0], *total[2:]])
+        elif lie == "listed twice":
+            data = _request(session, spec, [0, 1, 2, 2], total)
+        elif lie == "unregistered":
+            data = _request(session, spec, [0, 1, 2, 3, 9], total)
+        elif lie == "other spec":
+            other = RoundSpec(spec.sequence, spec.length, spec.slot_bits + 1, spec.word_bound * 2,
+                              spec.max_contributions)
+            data = _request(session, other, ids, total)
+        elif lie == "stale ciphertexts":
+            holder.decrypt(server.decryption_request())
+            data = _request(session, session.spec(length=300), ids, total)
+        elif lie == "batch for another round":
+            data = _request(session, spec, ids, total, batch_round=spec.sequence + 1)
+        elif lie == "untagged":
+            untagged = RoundSpec(spec.sequence, spec.length, spec.slot_bits, spec.word_bound,
+                                 spec.max_contributions, tagged=False)
+            data = _request(session, untagged, ids, total)
+        elif lie == "data offset":  # +1 in slot 0: biases a word, every range still holds
+            data = _request(session, spec, ids, shifted(1))
+        elif lie == "offset that carries":  # a carry out of slot 0 into slot 1
+            data = _request(session, spec, ids, shifted((1 << spec.slot_bits) - 1))
+        elif lie == "offset in a padding slot":
+            data = _request(session, spec, ids,
+                            shifted(1 << (layout.data_bits - spec.slot_bits), len(total) - 1))
+        elif lie == "tag field plus p":
+            data = _request(session, spec, ids, shifted(MAC_PRIME * 4 << layout.data_bits))
+        elif lie == "signed by a client":
+            data = _request(session, spec, ids, total, signer=session.identities[0])
+        elif lie == "unsigned":
+            data = encode(replace(decode(server.decryption_request(), DecryptionRequest),
+                                  signature=bytes(64)))
+        else:  # junk with the largest sequence number must not brick the key holder
+            far = replace(spec, sequence=2**64 - 1)
+            data = _request(session, far, ids, total)
+    before, burned = holder.decryptions, holder.last_sequence
+    assert holder.respond(data) == REFUSAL
+    assert re.search(LIES[lie], holder.refusals[-1][1]), holder.refusals[-1]
     assert holder.decryptions == before
+    with pytest.raises(DecryptionRefused) as refused:
+        holder.decrypt(data)
+    assert str(refused.value) == "the key holder refused to decrypt"
+    if LIES[lie] in ("not signed by the server", "not the next"):
+        assert holder.last_sequence == burned  # nothing changed
 
 
 def test_each_aggregation_is_decrypted_at_most_once(session):
@@ -174,11 +218,38 @@ def test_each_aggregation_is_decrypted_at_most_once(session):
     server = _collect(session, spec)
     request = server.decryption_request()
     session.key_holder.decrypt(request)
-    with pytest.raises(DecryptionRefused, match="not newer"):
+    with pytest.raises(DecryptionRefused):
         session.key_holder.decrypt(request)
     # a subset of the same aggregation is refused too: no differencing
-    with pytest.raises(DecryptionRefused, match="not newer"):
-        session.key_holder.decrypt(_request(spec, [0, 1, 2], list(server._total), session.public_key))
+    with pytest.raises(DecryptionRefused):
+        session.key_holder.decrypt(_request(session, spec, [0, 1, 2], server._total))
+    assert [reason for _, reason in session.key_holder.refusals] == [
+        "not the next sequence number (2)"] * 2
+
+
+def test_junk_burns_nothing_and_a_probe_burns_the_real_round_visibly(session):
+    holder = session.key_holder
+    spec = session.spec()
+    server = _collect(session, spec)
+    total = list(server._total)
+    for sequence in (0, 2, 3, 2**63, 2**64 - 1):
+        assert holder.respond(_request(session, replace(spec, sequence=sequence), [0, 1, 2, 3],
+                                       total)) == REFUSAL
+    assert holder.respond(_request(session, spec, [0, 1, 2, 3], total,
+                                   signer=session.identities[1])) == REFUSAL
+    assert holder.last_sequence == 0 and holder.decryptions == 0
+    # the server probes with the victim's ciphertext under the real round's number: it burns it
+    probe = [total[0] * (1 + 5 * session.public_key.n) % session.public_key.n_square, *total[1:]]
+    assert holder.respond(_request(session, spec, [0, 1, 2, 3], probe)) == REFUSAL
+    assert holder.last_sequence == spec.sequence
+    with pytest.raises(DecryptionRefused):
+        holder.decrypt(server.decryption_request())
+    assert holder.decryptions == 0 and len(holder.refusals) == 8
+    # the next round works again
+    spec = session.spec()
+    server = _collect(session, spec)
+    words = server.finish(holder.decrypt(server.decryption_request()))
+    assert np.array_equal(words, session.expected(range(4)))
 
 
 def test_server_refuses_a_result_for_another_request(session):
@@ -221,3 +292,17 @@ def test_client_rules(session):
         holder.register(type(client)(9, identity=session.identities[0],
                                      announcer_identity=holder.identity.public,
                                      min_key_bits=1024).receive_announcement(announcement))
+
+
+def test_an_aborted_aggregation_burns_its_number_so_the_next_one_decrypts(session):
+    holder = session.key_holder
+    spec = session.spec()
+    server = _collect(session, spec, ids=[0, 1])  # below the threshold of 3
+    with pytest.raises(ProtocolAbort):
+        server.decryption_request()
+    assert holder.respond(server.void_request()) == REFUSAL
+    assert holder.last_sequence == spec.sequence and holder.decryptions == 0
+    spec = session.spec()
+    server = _collect(session, spec)
+    words = server.finish(holder.decrypt(server.decryption_request()))
+    assert np.array_equal(words, session.expected(range(4)))

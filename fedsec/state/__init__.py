@@ -1,0 +1,5 @@
+"""Durable state of a deployment's parties (what a restarted party must not forget)."""
+
+from fedsec.state.sequences import SqliteSequenceStore
+
+__all__ = ["SqliteSequenceStore"]

@@ -1,0 +1,66 @@
+"""Key validation refuses moduli that anyone can factor cheaply, and accepts real keys."""
+
+from __future__ import annotations
+
+import gmpy2
+import pytest
+
+from secagg.errors import InvalidArgumentError
+from secagg.paillier import PaillierPublicKey, generate_keypair
+from secagg.paillier.keys import FERMAT_STEPS, TRIAL_DIVISION_BOUND, cheaply_factorable
+
+
+def _prime_with_bits(bits: int) -> gmpy2.mpz:
+    return gmpy2.next_prime((gmpy2.mpz(1) << (bits - 1)) + (gmpy2.mpz(1) << (bits - 2)))
+
+
+def _modulus(bits: int, factor: gmpy2.mpz) -> int:
+    """factor x a prime cofactor, the product of exactly ``bits`` bits."""
+    cofactor = gmpy2.next_prime(((gmpy2.mpz(1) << (bits - 1)) + (gmpy2.mpz(1) << (bits - 3))) // factor)
+    n = factor * cofactor
+    assert n.bit_length() == bits
+    return int(n)
+
+
+def _weak_moduli() -> dict[str, int]:
+    cube_root = gmpy2.iroot(gmpy2.mpz(3) << 1022, 3)[0]
+    p = gmpy2.next_prime(cube_root)
+    while (p ** 3).bit_length() != 1024:
+        p = gmpy2.next_prime(p)
+    q = _prime_with_bits(512)
+    close = gmpy2.next_prime(q + (gmpy2.isqrt(gmpy2.mpz(8) * FERMAT_STEPS) << 254))
+    return {
+        "p^3": int(p ** 3),
+        "p^2": int(q * q),
+        "p next_prime(p) (Fermat, one step)": int(q * gmpy2.next_prime(q)),
+        "p and q a few Fermat steps apart": int(q * close),
+        "17-bit factor": _modulus(1024, gmpy2.next_prime(1 << 16)),
+        "factor just below 2^20": _modulus(1024, gmpy2.prev_prime(TRIAL_DIVISION_BOUND)),
+        "factor 3": _modulus(1024, gmpy2.mpz(3)),
+        "prime": int(gmpy2.next_prime(gmpy2.mpz(1) << 1023)),
+        "even": int((gmpy2.mpz(1) << 1023) + 2),
+    }
+
+
+@pytest.mark.parametrize("name", list(_weak_moduli()))
+def test_cheaply_factorable_moduli_are_refused(name):
+    n = _weak_moduli()[name]
+    assert n.bit_length() == 1024, name
+    assert cheaply_factorable(n)
+    with pytest.raises(InvalidArgumentError, match="not a product of two large primes"):
+        PaillierPublicKey(n)
+    encoded = b"FSPK" + (1024).to_bytes(2, "big") + n.to_bytes(128, "big")
+    with pytest.raises(InvalidArgumentError):
+        PaillierPublicKey.from_bytes(encoded)
+
+
+def test_generated_keys_and_far_apart_primes_pass():
+    for bits in (512, 1024):
+        public, _ = generate_keypair(bits, allow_insecure=True)
+        assert not cheaply_factorable(public.n)
+    q = _prime_with_bits(512)
+    # just beyond the Fermat bound: |p - q| about 2^8 n^(1/4) needs ~ 2^12 x 2 steps
+    far = gmpy2.next_prime(q + (gmpy2.mpz(1) << 264))
+    assert not cheaply_factorable(int(q * far))
+    # a smallest factor just above the trial-division bound is not found (the documented limit)
+    assert not cheaply_factorable(_modulus(1024, gmpy2.next_prime(TRIAL_DIVISION_BOUND)))
