@@ -16,6 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from protocols.errors import ClientAbort, MalformedMessage
+from protocols.paillier import party as party_rules
+from protocols.paillier import threshold_messages as tm
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
@@ -28,9 +30,7 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier import threshold_messages as tm
 from protocols.paillier.binding import submission_context
-from protocols.paillier import party as party_rules
 from protocols.paillier.party import DecryptionParty
 from protocols.paillier.spec import RoundSpec, round_tags, tag_key
 from protocols.paillier.trust import read_verification_keys

@@ -28,7 +28,7 @@ def _survivors(start: int) -> np.ndarray:
     """Offsets j in [0, _WINDOW) for which neither p' = start + 2 j nor 2 p' + 1 has a factor
     below 2^16 (a vectorised sieve; ``start`` is odd)."""
     residues = np.array([start % int(p) for p in _PRIMES], dtype=np.int64)
-    # p' = 0 (mod p)  <=>  j = -start / 2;   2 p' + 1 = 0  <=>  p' = (p - 1) / 2  <=>  j = ((p - 1) / 2 - start) / 2
+    # p' = 0 (mod p) iff j = -start / 2; 2 p' + 1 = 0 iff p' = (p - 1) / 2 iff j = ((p - 1) / 2 - start) / 2
     first = (-residues * _INVERSE_TWO) % _PRIMES
     second = (((_PRIMES - 1) // 2 - residues) * _INVERSE_TWO) % _PRIMES
     keep = np.ones(_WINDOW, dtype=bool)

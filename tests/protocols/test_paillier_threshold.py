@@ -3,6 +3,8 @@ each party checks what it is asked to decrypt (signatures, proofs of plaintext k
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -108,8 +110,6 @@ def test_a_corrupt_client_cannot_submit_a_function_of_a_victims_ciphertext(sessi
 def _forced_request(session, spec, submissions, endorsers=None, sequence=None):
     """A lying server's request: any submissions, endorsed by corrupt-signed endorsements of all
     parties (it holds every party's identity here, the strongest possible forger)."""
-    import hashlib
-
     entries = tuple(sorted((decode(raw, Submission).client_id, hashlib.sha256(raw).digest())
                            for raw in submissions))
     listing = tm.ContributorList(spec.to_bytes(), entries)

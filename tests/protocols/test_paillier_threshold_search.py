@@ -7,6 +7,7 @@ decrypted must be the sum of one list per aggregation, with no forged submission
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import numpy as np
 
@@ -103,8 +104,6 @@ def test_every_order_of_endorsement_requests_certifies_at_most_one_list():
     """Exhaustive at N = 4, t = 2 (q = 3): for every assignment of the first list each honest
     party is shown (all 4 lists of >= 2 of three submissions), then every party asked for every
     list, and the corrupt party endorsing all, at most one list reaches the quorum."""
-    import itertools
-
     session = make_paillier_session(4, threshold=2, custody="threshold", key_bits=512)
     pk = session.public_key
     certified_any = False
