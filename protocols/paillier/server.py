@@ -15,6 +15,7 @@ import gmpy2
 import numpy as np
 
 from protocols.errors import MalformedMessage, ProtocolAbort
+from protocols.paillier.binding import check_submission_proof
 from protocols.paillier.messages import (
     SUBMIT_DOMAIN,
     DecryptionRequest,
@@ -23,7 +24,6 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.binding import check_submission_proof
 from protocols.paillier.spec import RoundSpec
 from secagg.errors import CryptoError, InvalidCiphertextError
 from secagg.keys import verify
