@@ -13,15 +13,21 @@ client_encrypt_s (mean per client per round: encode + pack + encrypt + serialise
 ciphertext_bytes_per_client (the whole submission message), ciphertexts_per_client,
 slots_per_ciphertext, slot_bits, server_sum_s (validate + multiply all K, build the request),
 decrypt_s (the key holder: validate, decrypt, unpack, check tags; or under threshold custody the
-server's combination), exact (the released sum equals the integer sum of the encoded words),
+server's proof checks and combination), exact (the released sum equals the integer sum of the encoded words),
 phe_value_encrypt_s (one ``phe`` EncryptedNumber, measured on --phe-sample values),
 phe_projected_client_s (that x M) and speedup_vs_phe; with --custody threshold also
-partial_decrypt_s (one party's decryption shares) and threshold.
+partial_decrypt_s (one party: check the quorum, every submission's signature and proof of
+plaintext knowledge, compute its decryption shares and their proof), threshold, quorum, endorse_s
+(one party's endorsement), knowledge_proof_bytes, share_proof_bytes, request_bytes and
+share_response_bytes. Under threshold custody client_encrypt_s includes the proof of plaintext
+knowledge and server_sum_s its verification; knowledge_prove_s, knowledge_verify_s (one
+submission), share_proof_s and share_verify_s (one party) time the proofs alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import secrets
 import time
 
 import numpy as np
@@ -36,9 +42,46 @@ from protocols.paillier import (
     ThresholdDealer,
     default_threshold,
 )
+from protocols.paillier import threshold_messages as tm
+from protocols.paillier.coordinator import ThresholdCoordinator
+from protocols.paillier.binding import check_submission_proof
+from protocols.paillier.messages import Submission, decode
+from protocols.paillier.trust import read_verification_keys
 from secagg.encoding import FixedPointEncoder
 from secagg.keys import SigningKey
-from secagg.paillier import slot_bits_for
+from secagg.paillier import decode_batch, slot_bits_for
+from secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
+from secagg.paillier.share_proofs import prove_decryption, verify_decryption
+from secagg.paillier.threshold import decryption_shares
+
+
+def _threshold_costs(public, client, submission, server, coordinator, spec) -> dict[str, float]:
+    """What the proofs add, timed alone: one proof of plaintext knowledge made and checked, one
+    party's share proof made and checked (the decryption shares themselves are not included)."""
+    message = decode(submission, Submission)
+    values = decode_batch(message.batch, public, round_index=spec.sequence,
+                          count=spec.ciphertexts(public))
+    plaintexts = [secrets.randbelow(public.n) for _ in values]
+    randomness = client._randomness
+    ciphertexts, exponents = encrypt_with_witness(public, plaintexts, randomness)
+    start = time.perf_counter()
+    prove_knowledge(public, randomness, ciphertexts, plaintexts, exponents, b"benchmark")
+    prove_s = time.perf_counter() - start
+    start = time.perf_counter()
+    check_submission_proof(public, message, values)
+    verify_s = time.perf_counter() - start
+    share = client._share
+    product = server.product
+    partial = decryption_shares(share, product)
+    start = time.perf_counter()
+    proof = prove_decryption(share, coordinator.directory.keys, product, partial, b"benchmark")
+    share_prove_s = time.perf_counter() - start
+    start = time.perf_counter()
+    verify_decryption(public, coordinator.directory.keys, share.index, product, partial, b"benchmark",
+                      proof, parties=share.parties, threshold=share.threshold)
+    share_verify_s = time.perf_counter() - start
+    return {"knowledge_prove_s": round(prove_s, 4), "knowledge_verify_s": round(verify_s, 4),
+            "share_proof_s": round(share_prove_s, 4), "share_verify_s": round(share_verify_s, 4)}
 
 
 def main() -> None:
@@ -70,6 +113,7 @@ def main() -> None:
     keygen_s = time.perf_counter() - start
     public = announcer.public_key
     announcement = announcer.announcement()
+    verification_keys = announcer.verification_keys() if args.custody == "threshold" else b""
     log(f"key generation {keygen_s:.2f} s ({args.key_bits}-bit, {args.custody})")
 
     clients, setup = {}, []
@@ -80,6 +124,8 @@ def main() -> None:
                                 share=share, roster={i: s.public for i, s in identities.items()},
                                 min_key_bits=args.key_bits)
         registration = client.receive_announcement(announcement)
+        if args.custody == "threshold":
+            client.receive_verification_keys(verification_keys)
         setup.append(time.perf_counter() - start)
         if args.custody == "key_holder":
             announcer.enroll(c, identities[c].public)
@@ -109,8 +155,7 @@ def main() -> None:
     start = time.perf_counter()
     for c in range(k):
         server.receive(c, submissions[c])
-    request = (server.decryption_request() if args.custody == "key_holder"
-               else server.partial_request())
+    request = server.decryption_request() if args.custody == "key_holder" else None
     server_sum_s = time.perf_counter() - start
     log(f"server validation + sum {server_sum_s:.3f} s")
 
@@ -121,16 +166,33 @@ def main() -> None:
         decrypt_s = time.perf_counter() - start
         total = server.finish(result)
     else:
+        directory = read_verification_keys(verification_keys,
+                                           dealer_identity=announcer.identity.public,
+                                           public_key=public, threshold=threshold)
+        coordinator = ThresholdCoordinator(server, directory=directory,
+                                           roster={c: s.public for c, s in identities.items()})
+        listing = coordinator.contributor_list()
+        start = time.perf_counter()
+        for c in range(k):
+            coordinator.add_endorsement(c, clients[c].endorse(listing))
+        endorse_s = (time.perf_counter() - start) / k
+        request = coordinator.request()
         shares, partial_s = {}, []
         for c in range(threshold):
             start = time.perf_counter()
-            shares[c + 1] = clients[c].decryption_share(request)
+            shares[c] = clients[c].decryption_share(request)
             partial_s.append(time.perf_counter() - start)
         start = time.perf_counter()
-        total = server.combine(shares, parties=k)
+        total = coordinator.combine(shares)
         decrypt_s = time.perf_counter() - start
-        extra = {"partial_decrypt_s": round(float(np.mean(partial_s)), 4), "threshold": threshold}
-        log(f"one party's decryption shares {extra['partial_decrypt_s']:.2f} s")
+        proof = tm.decode(shares[0], tm.VerifiedShares).proof
+        costs = _threshold_costs(public, clients[0], submissions[0], server, coordinator, spec)
+        extra = {**costs,"partial_decrypt_s": round(float(np.mean(partial_s)), 4), "threshold": threshold,
+                 "quorum": coordinator.quorum, "endorse_s": round(endorse_s, 5),
+                 "knowledge_proof_bytes": len(decode(submissions[0], Submission).proof),
+                 "share_proof_bytes": len(proof),
+                 "request_bytes": len(request), "share_response_bytes": len(shares[0])}
+        log(f"one party's checks + decryption shares + proof {extra['partial_decrypt_s']:.2f} s")
     log(f"decryption {decrypt_s:.3f} s")
     expected = np.zeros(m + 2, dtype=np.uint64)
     for c in range(k):

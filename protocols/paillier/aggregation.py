@@ -4,7 +4,9 @@ Each call is one aggregation: every sampled client encodes its update with the s
 fixed-point encoder, packs and encrypts it and sends it to the server; the server validates and
 multiplies the ciphertexts, and the sum is decrypted either by the key holder after its checks
 (:mod:`protocols.paillier.keyholder`) or by ``threshold`` clients' key shares, each party first
-checking the signed submissions it is asked to help decrypt. The server object only ever holds
+checking the signed submissions and their proofs of plaintext knowledge, and that a quorum of
+parties endorsed this one contributor list for the aggregation (:mod:`protocols.paillier.party`);
+every party's decryption shares are verified and a liar named. The server object only ever holds
 the public key.
 """
 
@@ -25,10 +27,12 @@ from protocols.encoding import (
 )
 from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from protocols.paillier.client import PaillierClient
+from protocols.paillier.coordinator import ThresholdCoordinator
 from protocols.paillier.dealer import ThresholdDealer
 from protocols.paillier.keyholder import PaillierKeyHolder
 from protocols.paillier.server import PaillierServer
 from protocols.paillier.spec import RoundSpec
+from protocols.paillier.trust import read_verification_keys
 from protocols.transport import InMemoryTransport, Transport
 from secagg.keys import SigningKey
 from secagg.paillier import PaillierPublicKey, slot_bits_for
@@ -94,6 +98,7 @@ class PaillierAggregation(AggregationProtocol):
         self.public_key: PaillierPublicKey = announcer.public_key
         self._announcer_identity = announcer.identity.public
         self._announcement = announcer.announcement()
+        self._verification_keys = self.dealer.verification_keys() if self.dealer else b""
         self._min_key_bits = min(key_bits, 2048)
         self._clients: dict[int, PaillierClient] = {}
         self._sequence = 0
@@ -123,6 +128,9 @@ class PaillierAggregation(AggregationProtocol):
                                 roster=roster, min_key_bits=self._min_key_bits)
         transport.to_client(client_id, self._announcement)
         registration = client.receive_announcement(self._announcement)
+        if self.dealer is not None:
+            transport.to_client(client_id, self._verification_keys)
+            client.receive_verification_keys(self._verification_keys)
         if registration is not None:
             transport.to_server(client_id, registration)
             client.receive_welcome(self.key_holder.register(registration))
@@ -202,19 +210,39 @@ class PaillierAggregation(AggregationProtocol):
 
     def _threshold_decrypt(self, server: PaillierServer, transport: Transport,
                            late_drops: set[int]) -> tuple[np.ndarray, int]:
-        """The summed words, and how many parties refused to give a decryption share."""
-        request = server.partial_request()
-        responses, refused = {}, 0
+        """The summed words, and how many parties refused to endorse or give decryption shares.
+
+        Every party (online before the late drops) is asked to endorse the contributor list; the
+        contributors that did not drop are asked for decryption shares.
+        """
+        directory = read_verification_keys(self._verification_keys,
+                                           dealer_identity=self._announcer_identity,
+                                           public_key=self.public_key, threshold=self.threshold)
+        coordinator = ThresholdCoordinator(server, directory=directory,
+                                           roster={c: k.public for c, k in self._identities.items()})
+        listing = coordinator.contributor_list()
+        refused = 0
+        for party in directory.parties:
+            client = self._client(party, transport)
+            transport.to_client(party, listing)
+            try:
+                endorsement = client.endorse(listing)
+            except ClientAbort:
+                refused += 1
+                continue
+            transport.to_server(party, endorsement)
+            coordinator.add_endorsement(party, endorsement)
+        request = coordinator.request()
+        responses = {}
         for client_id in server.participants:
             if client_id in late_drops:
                 continue
             transport.to_client(client_id, request)
-            client = self._clients[client_id]
             try:
-                response = client.decryption_share(request)
+                response = self._clients[client_id].decryption_share(request)
             except ClientAbort:
                 refused += 1
                 continue
             transport.to_server(client_id, response)
-            responses[self._party_index[client_id]] = response
-        return server.combine(responses, parties=len(self._party_index)), refused
+            responses[client_id] = response
+        return coordinator.combine(responses), refused

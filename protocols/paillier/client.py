@@ -1,10 +1,12 @@
 """The client of the Paillier protocol: check the announced key, encrypt, and (under threshold
 custody) check what it is asked to decrypt before it helps.
 
-A client encrypts each aggregation's words at most once, and contributes a decryption share to
-each aggregation at most once (an old or repeated sequence number is refused), so no two of its
-ciphertexts for one aggregation hold different updates and no server can have two different
-sums of one aggregation decrypted.
+A client encrypts each aggregation's words at most once (an old or repeated sequence number is
+refused), so no two of its ciphertexts for one aggregation hold different updates; under
+threshold custody it proves knowledge of its plaintexts, and as a party it endorses one
+contributor list per aggregation and decrypts only a list a quorum endorsed
+(:mod:`protocols.paillier.party`), so no server can have two different sums of one aggregation
+decrypted.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from protocols.errors import ClientAbort, MalformedMessage
+from protocols.paillier import party as party_rules
+from protocols.paillier import threshold_messages as tm
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
@@ -21,27 +25,27 @@ from protocols.paillier.messages import (
     SUBMIT_DOMAIN,
     THRESHOLD,
     Announcement,
-    PartialRequest,
-    PartialResponse,
     Registration,
     Submission,
     Welcome,
     decode,
     encode,
 )
+from protocols.paillier.binding import submission_context
+from protocols.paillier.party import DecryptionParty
 from protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
+from protocols.paillier.trust import read_verification_keys
 from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from secagg.keys import KeyPair, SigningKey, open_sealed, verify
 from secagg.paillier import (
     DJNRandomness,
     PaillierPublicKey,
-    add_into,
-    decode_batch,
     encode_batch,
     encrypt,
 )
 from secagg.paillier.keys import SECURE_KEY_BITS
-from secagg.paillier.threshold import KeyShare, decryption_shares
+from secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
+from secagg.paillier.threshold import KeyShare
 
 BAD_ANNOUNCEMENT = "announcement does not verify"
 WEAK_KEY = "Paillier key is too small or malformed"
@@ -51,9 +55,9 @@ NOT_READY = "no verified key yet"
 BAD_SPEC = "round spec malformed or inconsistent"
 REPLAY = "aggregation already contributed to"
 BAD_WORDS = "words do not fit the round spec"
-BAD_REQUEST = "decryption request malformed or for a stale aggregation"
-UNAUTHENTICATED = "a summed submission does not verify"
-TOO_FEW = "fewer contributions than the threshold"
+BAD_REQUEST = "decryption request or contributor list malformed"
+BAD_KEYS = "verification keys do not verify"
+UNAUTHENTICATED, TOO_FEW = party_rules.UNAUTHENTICATED, party_rules.TOO_FEW
 STALE_ANNOUNCEMENT = "announcement is for an older key epoch, or differs from this epoch's"
 BAD_WELCOME = "welcome does not open or is for another key"
 
@@ -87,12 +91,12 @@ class PaillierClient:
         self._randomness: DJNRandomness | None = None
         self._tag_key = b""
         self._last_submitted = 0
-        self._last_decrypted = 0
         self.epoch = 0
         self._announced = b""
         self._registration: bytes | None = None
         self._wrap_key = b""
         self._mac_key = b""
+        self._party: DecryptionParty | None = None
 
     def receive_announcement(self, data: bytes) -> bytes | None:
         """Verify the signed key announcement. Under key-holder custody returns this client's
@@ -192,54 +196,60 @@ class PaillierClient:
         layout = spec.layout(self.public_key)
         tags = (client_tags(self._mac_key, self._tag_key, spec, layout, layout.rows(full))
                 if spec.tagged else None)
-        ciphertexts = encrypt(self.public_key, layout.pack(full, tags), self._randomness)
+        plaintexts = layout.pack(full, tags)
+        proof = b""
+        if spec.tagged:
+            ciphertexts = encrypt(self.public_key, plaintexts, self._randomness)
+            batch = encode_batch(self.public_key, spec.sequence, ciphertexts)
+        else:
+            ciphertexts, exponents = encrypt_with_witness(self.public_key, plaintexts, self._randomness)
+            batch = encode_batch(self.public_key, spec.sequence, ciphertexts)
+            proof = prove_knowledge(self.public_key, self._randomness, ciphertexts, plaintexts,
+                                    exponents, submission_context(self.public_key, self.client_id,
+                                                                  spec.digest, batch))
         self._last_submitted = spec.sequence
-        unsigned = Submission(self.client_id, spec.digest,
-                              encode_batch(self.public_key, spec.sequence, ciphertexts))
+        unsigned = Submission(self.client_id, spec.digest, batch, proof=proof)
         signature = self._identity.sign(SUBMIT_DOMAIN + unsigned.signed_part())
-        return encode(Submission(unsigned.client_id, unsigned.spec_digest, unsigned.batch, signature))
+        return encode(Submission(unsigned.client_id, unsigned.spec_digest, unsigned.batch, signature,
+                                 proof))
 
-    def decryption_share(self, data: bytes) -> bytes:
-        """Threshold custody: check a decryption request and return this party's shares.
-
-        The request must name a newer aggregation than any this client helped decrypt, and carry
-        at least ``threshold`` submissions from distinct rostered clients, each signed, for that
-        aggregation and well formed; the client recomputes their product itself and decrypts
-        nothing else.
-        """
-        if self._share is None or self.custody != THRESHOLD:
+    def receive_verification_keys(self, data: bytes) -> None:
+        """Threshold custody: verify the dealer's signed verification keys (after the announcement)
+        and that this client's share matches its key; then this client can act as a party."""
+        if self._share is None or self.custody != THRESHOLD or self.public_key is None:
             raise ClientAbort(NOT_READY)
         try:
-            request = decode(data, PartialRequest)
+            directory = read_verification_keys(data, dealer_identity=self._announcer_identity,
+                                               public_key=self.public_key, threshold=self.threshold)
+        except MalformedMessage:
+            raise ClientAbort(BAD_KEYS) from None
+        try:
+            self._party = DecryptionParty(self.client_id, identity=self._identity, share=self._share,
+                                          roster=self._roster, directory=directory)
+        except InvalidArgumentError:
+            raise ClientAbort(WRONG_SHARE) from None
+
+    def _party_ready(self) -> DecryptionParty:
+        if self._party is None or self.custody != THRESHOLD:
+            raise ClientAbort(NOT_READY)
+        return self._party
+
+    def endorse(self, data: bytes) -> bytes:
+        """Threshold custody: sign one aggregation's contributor list (at most one per sequence)."""
+        party = self._party_ready()
+        try:
+            listing = tm.decode(data, tm.ContributorList)
         except MalformedMessage:
             raise ClientAbort(BAD_REQUEST) from None
-        spec = self._spec(request.spec)
-        if spec.sequence <= self._last_decrypted:
-            raise ClientAbort(BAD_REQUEST)
-        self._last_decrypted = spec.sequence
-        if not self.threshold <= len(request.submissions) <= spec.max_contributions:
-            raise ClientAbort(TOO_FEW)
-        count = spec.ciphertexts(self.public_key)
-        seen: set[int] = set()
-        total = None
-        for raw in request.submissions:
-            try:
-                submission = decode(raw, Submission)
-                identity = self._roster.get(submission.client_id)
-                if identity is None or submission.client_id in seen:
-                    raise ClientAbort(UNAUTHENTICATED)
-                verify(identity, submission.signature, SUBMIT_DOMAIN + submission.signed_part())
-                if submission.spec_digest != spec.digest:
-                    raise ClientAbort(UNAUTHENTICATED)
-                values = decode_batch(submission.batch, self.public_key,
-                                      round_index=spec.sequence, count=count)
-            except (MalformedMessage, CryptoError, InvalidCiphertextError):
-                raise ClientAbort(UNAUTHENTICATED) from None
-            seen.add(submission.client_id)
-            if total is None:
-                total = values
-            else:
-                add_into(total, values, self.public_key)
-        shares = decryption_shares(self._share, total)
-        return encode(PartialResponse(spec.sequence, self._share.index,
-                                      encode_batch(self.public_key, spec.sequence, shares)))
+        return party.endorse(listing, self._spec(listing.spec))
+
+    def decryption_share(self, data: bytes) -> bytes:
+        """Threshold custody: check a certified request (a quorum of endorsements on its list, every
+        submission signed, for this aggregation and proving knowledge of its plaintext) and return
+        this party's decryption shares of the product with their proof."""
+        party = self._party_ready()
+        try:
+            request = tm.decode(data, tm.CertifiedRequest)
+        except MalformedMessage:
+            raise ClientAbort(BAD_REQUEST) from None
+        return party.decrypt(request, self._spec(request.spec))

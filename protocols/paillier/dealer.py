@@ -1,23 +1,28 @@
 """Threshold custody's one-time key ceremony: generate the key, split it, announce it, forget it.
 
 The dealer is trusted only during set-up (in a deployment: a ceremony run by the auditor on an
-offline machine). It keeps no copy of the private key once the shares exist; each share is
-handed out once, to its party.
+offline machine). It draws a safe-prime modulus (so decryption shares can be verified), keeps no
+copy of the private key once the shares exist, hands each share out once, to its party, and
+publishes signed verification keys v, v_i = v^(D s_i) with which anyone checks a party's
+decryption shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from protocols.paillier import threshold_messages as tm
 from protocols.paillier.messages import ANNOUNCE_DOMAIN, THRESHOLD, Announcement, encode
 from secagg.errors import InvalidArgumentError
 from secagg.keys import KEY_BYTES, SigningKey
-from secagg.paillier import generate_keypair
+from secagg.paillier.safe_keys import generate_safe_keypair
+from secagg.paillier.share_proofs import make_verification_keys
 from secagg.paillier.threshold import KeyShare, deal_shares
 
 
 class ThresholdDealer:
-    """Splits a fresh Paillier key t-of-N among ``parties`` (client ids, in share-index order).
+    """Splits a fresh safe-prime Paillier key t-of-N among ``parties`` (client ids, in share-index
+    order).
 
     Args:
         parties: the N client ids that will hold shares, distinct.
@@ -31,11 +36,12 @@ class ThresholdDealer:
         if len(set(parties)) != len(parties):
             raise InvalidArgumentError("party ids must be distinct")
         self.identity = identity or SigningKey.generate()
-        self.public_key, private_key = generate_keypair(key_bits, allow_insecure=allow_insecure)
+        self.public_key, private_key = generate_safe_keypair(key_bits, allow_insecure=allow_insecure)
         shares = deal_shares(private_key, parties=len(parties), threshold=threshold)
         del private_key
         self.threshold = threshold
         self.parties = tuple(parties)
+        self.keys = make_verification_keys(shares)
         self._shares = dict(zip(parties, shares, strict=True))
 
     def announcement(self) -> bytes:
@@ -44,6 +50,16 @@ class ThresholdDealer:
         signature = self.identity.sign(ANNOUNCE_DOMAIN + unsigned.signed_part())
         return encode(Announcement(THRESHOLD, unsigned.public_key, unsigned.tag_public,
                                    self.threshold, signature))
+
+    def verification_keys(self) -> bytes:
+        """The signed :class:`~protocols.paillier.threshold_messages.VerificationKeys` message."""
+        width = self.public_key.ciphertext_bytes
+        unsigned = tm.VerificationKeys(self.public_key.key_id, self.threshold, self.parties,
+                                       self.keys.base.to_bytes(width, "big"),
+                                       tuple(k.to_bytes(width, "big") for k in self.keys.keys))
+        signature = self.identity.sign(tm.KEYS_DOMAIN + unsigned.signed_part())
+        return tm.encode(tm.VerificationKeys(unsigned.key_id, unsigned.threshold, unsigned.parties,
+                                             unsigned.base, unsigned.keys, signature))
 
     def hand_out(self, client_id: int) -> KeyShare:
         """Party ``client_id``'s share, exactly once."""

@@ -69,18 +69,23 @@ class Registration:
 @dataclass(frozen=True)
 class Submission:
     """Client to server: its encrypted, packed (and tagged) words for the aggregation named by
-    the digest, signed with the client's identity key."""
+    the digest, signed with the client's identity key; under threshold custody also its proof of
+    plaintext knowledge (:mod:`protocols.paillier.knowledge`), empty otherwise."""
 
     client_id: int
     spec_digest: bytes
     batch: bytes
     signature: bytes = b""
+    proof: bytes = b""
 
     KIND = 3
 
     def signed_part(self) -> bytes:
-        return (Writer().u64(self.client_id).fixed(self.spec_digest, 32)
-                .fixed(hashlib.sha256(self.batch).digest(), 32).getvalue())
+        w = (Writer().u64(self.client_id).fixed(self.spec_digest, 32)
+             .fixed(hashlib.sha256(self.batch).digest(), 32))
+        if self.proof:
+            w.fixed(hashlib.sha256(self.proof).digest(), 32)
+        return w.getvalue()
 
 
 @dataclass(frozen=True)
@@ -123,28 +128,6 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class PartialRequest:
-    """Server to each decrypting party (threshold custody): the spec and every signed submission
-    it summed, so the party can check and recompute the product itself."""
-
-    spec: bytes
-    submissions: tuple[bytes, ...]
-
-    KIND = 6
-
-
-@dataclass(frozen=True)
-class PartialResponse:
-    """Decrypting party to server: its decryption shares of the product, as a ciphertext batch."""
-
-    sequence: int
-    party: int
-    batch: bytes
-
-    KIND = 7
-
-
-@dataclass(frozen=True)
 class DecryptionResult:
     """Key holder to server: the verified sum of the words (the count word last)."""
 
@@ -156,7 +139,7 @@ class DecryptionResult:
 
 
 Message = (Announcement | Registration | Submission | DecryptionRequest | DecryptionResult
-           | PartialRequest | PartialResponse | Welcome | Refusal)
+           | Welcome | Refusal)
 
 
 def encode(message: Message) -> bytes:
@@ -169,7 +152,7 @@ def encode(message: Message) -> bytes:
         w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Submission):
         w.u64(message.client_id).fixed(message.spec_digest, 32).blob(message.batch)
-        w.fixed(message.signature, SIGNATURE_BYTES)
+        w.fixed(message.signature, SIGNATURE_BYTES).blob(message.proof)
     elif isinstance(message, DecryptionRequest):
         w.blob(message.spec).ids(message.participants).blob(message.batch)
         w.fixed(message.signature, SIGNATURE_BYTES)
@@ -178,12 +161,6 @@ def encode(message: Message) -> bytes:
         w.blob(message.sealed)
     elif isinstance(message, Refusal):
         pass
-    elif isinstance(message, PartialRequest):
-        w.blob(message.spec).u32(len(message.submissions))
-        for submission in message.submissions:
-            w.blob(submission)
-    elif isinstance(message, PartialResponse):
-        w.u64(message.sequence).u32(message.party).blob(message.batch)
     elif isinstance(message, DecryptionResult):
         w.u64(message.sequence).ids(message.participants)
         w.blob(np.ascontiguousarray(message.words, dtype="<u8").tobytes())
@@ -213,7 +190,8 @@ def decode(data: bytes, kind: type[Message]) -> Message:
         message = Registration(r.u64(), r.fixed(KEY_ID_BYTES), r.fixed(KEY_BYTES),
                                r.fixed(SIGNATURE_BYTES))
     elif kind is Submission:
-        message = Submission(r.u64(), r.fixed(32), bytes(r.view()), r.fixed(SIGNATURE_BYTES))
+        message = Submission(r.u64(), r.fixed(32), bytes(r.view()), r.fixed(SIGNATURE_BYTES),
+                             bytes(r.view()))
     elif kind is DecryptionRequest:
         message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()),
                                     r.fixed(SIGNATURE_BYTES))
@@ -221,11 +199,6 @@ def decode(data: bytes, kind: type[Message]) -> Message:
         message = Welcome(r.u64(), r.fixed(KEY_ID_BYTES), r.u64(), bytes(r.view()))
     elif kind is Refusal:
         message = Refusal()
-    elif kind is PartialRequest:
-        spec = bytes(r.view())
-        message = PartialRequest(spec, tuple(bytes(r.view()) for _ in range(r.count())))
-    elif kind is PartialResponse:
-        message = PartialResponse(r.u64(), r.u32(), bytes(r.view()))
     elif kind is DecryptionResult:
         sequence, participants, raw = r.u64(), r.ids(), r.view()
         if len(raw) % 8:

@@ -1,8 +1,10 @@
 """The server of the Paillier protocol: validate each submission, multiply it into the sum.
 
 It holds only the public key. A submission is parsed and every ciphertext validated
-(:func:`secagg.paillier.decode_batch`) before it touches the running product, so a refused one
-changes nothing; a client that never sends is simply not in the sum.
+(:func:`secagg.paillier.decode_batch`), and under threshold custody its proof of plaintext
+knowledge checked, before it touches the running product, so a refused one changes nothing; a
+client that never sends is simply not in the sum. Threshold decryption is driven by
+:class:`protocols.paillier.coordinator.ThresholdCoordinator`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import gmpy2
 import numpy as np
 
 from protocols.errors import MalformedMessage, ProtocolAbort
+from protocols.paillier.binding import check_submission_proof
 from protocols.paillier.messages import (
     REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
-    PartialRequest,
-    PartialResponse,
     Submission,
     decode,
     encode,
@@ -28,7 +29,6 @@ from protocols.paillier.spec import RoundSpec
 from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
 from secagg.keys import SigningKey, verify
 from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
-from secagg.paillier.threshold import combine
 
 
 class PaillierServer:
@@ -75,6 +75,11 @@ class PaillierServer:
                 raise MalformedMessage("submission signature does not verify") from None
             values = decode_batch(message.batch, self.public_key, round_index=self.spec.sequence,
                                   count=self.count)
+            if not self.spec.tagged:
+                try:
+                    check_submission_proof(self.public_key, message, values)
+                except CryptoError:
+                    raise MalformedMessage("proof of plaintext knowledge does not verify") from None
         except (MalformedMessage, InvalidCiphertextError) as error:
             self.rejected[client_id] = str(error)
             raise MalformedMessage(f"submission of client {client_id} refused: {error}") from error
@@ -118,35 +123,13 @@ class PaillierServer:
             raise ProtocolAbort("the key holder's result does not match the request")
         return result.words
 
-    def partial_request(self) -> bytes:
-        """Threshold custody: what each decrypting party checks (every summed submission)."""
+    @property
+    def submissions(self) -> dict[int, bytes]:
+        """Client id -> the accepted submission message, in arrival order."""
+        return dict(zip(self.participants, self._submissions, strict=True))
+
+    @property
+    def product(self) -> list[gmpy2.mpz]:
+        """The product of the accepted ciphertexts (a copy); ProtocolAbort below the threshold."""
         self._check_enough()
-        return encode(PartialRequest(self.spec.to_bytes(), tuple(self._submissions)))
-
-    def combine(self, responses: Mapping[int, bytes], *, parties: int) -> np.ndarray:
-        """Threshold custody: the summed words from >= ``threshold`` parties' decryption shares.
-
-        Malformed responses are dropped; ProtocolAbort if too few remain or the combined sum is
-        not what the contributors can produce (a party sent wrong shares).
-        """
-        shares = {}
-        for party, data in responses.items():
-            try:
-                response = decode(data, PartialResponse)
-                if response.sequence != self.spec.sequence or response.party != party:
-                    raise MalformedMessage("decryption share for another aggregation or party")
-                shares[party] = decode_batch(response.batch, self.public_key,
-                                             round_index=self.spec.sequence, count=self.count)
-            except (MalformedMessage, InvalidCiphertextError):
-                continue
-        if len(shares) < self.threshold:
-            raise ProtocolAbort(f"{len(shares)} valid decryption shares, need {self.threshold}")
-        try:
-            plaintexts = combine(self.public_key, shares, parties=parties, threshold=self.threshold)
-            words, _ = self.spec.layout(self.public_key).unpack(plaintexts, self.spec.length)
-        except (ReconstructionError, EncodingError) as error:
-            raise ProtocolAbort(f"decryption shares do not combine: {error}") from None
-        contributors = len(self.participants)
-        if int(words[-1]) != contributors or int(words.max()) > contributors * self.spec.word_bound:
-            raise ProtocolAbort("the decrypted sum is not one the contributors can produce")
-        return words
+        return list(self._total)

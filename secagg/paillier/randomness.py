@@ -38,8 +38,10 @@ class DJNRandomness:
         x = gmpy2.mpz(0)
         while gmpy2.gcd(x, n) != 1:
             x = gmpy2.mpz(secrets.randbelow(public_key.n))
-        h_s = gmpy2.powmod(n - x * x % n, n, n_square)
+        h = n - x * x % n
+        h_s = gmpy2.powmod(h, n, n_square)
         self.public_key = public_key
+        self._root = h
         self.exponent_bytes = (public_key.key_bits // 2 + 7) // 8
         self._n_square = n_square
         self._table: list[list[gmpy2.mpz]] = []
@@ -52,8 +54,16 @@ class DJNRandomness:
             base = row[-1] * base % n_square  # base^256
         self.drawn = 0
 
+    def root(self) -> gmpy2.mpz:
+        """h, the n-th root of the base h_s (a proof of plaintext knowledge needs h^a mod n)."""
+        return self._root
+
     def draw(self, count: int) -> list[gmpy2.mpz]:
         """``count`` fresh values h_s^a mod n^2, each from its own exponent a (ceil(k/2) bits)."""
+        return self.draw_with_exponents(count)[0]
+
+    def draw_with_exponents(self, count: int) -> tuple[list[gmpy2.mpz], list[int]]:
+        """Like :meth:`draw`, also returning each exponent a (the witness of a knowledge proof)."""
         exponents = os.urandom(count * self.exponent_bytes)
         table, n_square, width = self._table, self._n_square, self.exponent_bytes
         out = []
@@ -64,4 +74,5 @@ class DJNRandomness:
                     acc = acc * row[digit] % n_square
             out.append(acc)
         self.drawn += count
-        return out
+        return out, [int.from_bytes(exponents[start : start + width], "little")
+                     for start in range(0, count * width, width)]

@@ -11,16 +11,18 @@ Any t - 1 shares are within statistical distance t 2^-128 of shares of any other
 same size (the difference is a polynomial D (d - d') prod_{i in C} (1 - x / i) with integer
 coefficients below D 2^(|d| + t), each hidden by a coefficient 2^128 times wider).
 
-A party's decryption share of c is c^(D s_i) mod n^2. From any t of them, with the integers
-mu_i = D prod_{j != i} j / (j - i),
+A party's decryption share of c is c^(2 D s_i) mod n^2 (Shoup's factor 2: the combination
+squares each share, so the four square roots of 1 a party could multiply in vanish). From any t
+of them, with the integers mu_i = D prod_{j != i} j / (j - i),
 
-    prod_i (c^(D s_i))^(mu_i) = c^(D^3 d) = 1 + D^3 m n  (mod n^2),   m = L(.) (D^3)^-1 mod n.
+    prod_i (c^(2 D s_i))^(2 mu_i) = c^(4 D^3 d) = 1 + 4 D^3 m n  (mod n^2),   m = L(.) (4 D^3)^-1 mod n.
 
-Given m and t - 1 parties' shares, every other party's decryption share is c^(D f(j)) =
-(1 + D^2 m n)^(mu'_0) prod (c^(D s_i))^(mu'_i) with integer Lagrange coefficients mu' (times D),
-so decryption shares of a ciphertext reveal its plaintext and nothing more. There are no proofs of
-correct decryption shares: a party that lies corrupts the result (which the protocol then
-detects as an aggregate out of range) but cannot learn anything by it.
+Given m and t - 1 parties' shares, every other party's decryption share is determined up to a
+square root of 1 (c^(2 D f(j)) = (1 + 2 D^2 m n)^(mu'_0) prod (c^(2 D s_i))^(mu'_i), integer
+Lagrange coefficients mu' times D), so decryption shares of a ciphertext reveal its plaintext and
+nothing more. Each share comes with a proof against the dealer's public verification keys
+(:mod:`secagg.paillier.share_proofs`), so a party that lies is named, and the shares that verify
+are exactly the honest values up to a square root of 1, which :func:`combine` removes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class KeyShare:
 
     index: int
     value: int = field(repr=False)
+    """s_i = f(i); the secret exponent of the decryption shares is 2 D s_i."""
     parties: int
     threshold: int
     public_key: PaillierPublicKey = field(repr=False)
@@ -53,6 +56,21 @@ class KeyShare:
     @property
     def delta(self) -> int:
         return math.factorial(self.parties)
+
+    @property
+    def exponent(self) -> int:
+        """x_i = D s_i: the discrete log of the verification key v_i to the base v."""
+        return self.delta * self.value
+
+
+def share_exponent_bits(*, key_bits: int, parties: int, threshold: int) -> int:
+    """An upper bound on the bits of x_i = D s_i for any party of an honest dealing.
+
+    s_i = f(i) < t N^(t-1) D 2^(|d| + 128 + t) with |d| <= 2 key_bits (d < n^2).
+    """
+    delta = math.factorial(parties)
+    return ((threshold * parties ** (threshold - 1) * delta * delta).bit_length()
+            + 2 * key_bits + STATISTICAL_SECURITY + threshold + 1)
 
 
 def deal_shares(private_key: PaillierPrivateKey, *, parties: int, threshold: int) -> list[KeyShare]:
@@ -80,9 +98,9 @@ def deal_shares(private_key: PaillierPrivateKey, *, parties: int, threshold: int
 
 
 def decryption_shares(share: KeyShare, ciphertexts: Sequence[int]) -> list[gmpy2.mpz]:
-    """c^(D s_i) mod n^2 for each (validated) ciphertext c."""
+    """c^(2 D s_i) mod n^2 for each (validated) ciphertext c."""
     n_square = share.public_key.n_square
-    exponent = gmpy2.mpz(share.delta * share.value)
+    exponent = gmpy2.mpz(2 * share.delta * share.value)
     return [gmpy2.powmod(c, exponent, n_square) for c in ciphertexts]
 
 
@@ -117,12 +135,12 @@ def combine(public_key: PaillierPublicKey, shares: Mapping[int, Sequence[int]], 
     delta = math.factorial(parties)
     mu = _coefficients(indices, delta)
     n, n_square = gmpy2.mpz(public_key.n), public_key.n_square
-    scale = gmpy2.invert(gmpy2.mpz(delta) ** 3, n)
+    scale = gmpy2.invert(4 * gmpy2.mpz(delta) ** 3, n)
     out = []
     for k in range(lengths.pop()):
         acc = gmpy2.mpz(1)
         for i in indices:
-            acc = acc * gmpy2.powmod(shares[i][k], mu[i], n_square) % n_square
+            acc = acc * gmpy2.powmod(shares[i][k], 2 * mu[i], n_square) % n_square
         if acc % n != 1:
             raise ReconstructionError("decryption shares are inconsistent")
         out.append(int((acc - 1) // n * scale % n))

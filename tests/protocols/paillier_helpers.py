@@ -13,6 +13,8 @@ from protocols.paillier import (
     RoundSpec,
     ThresholdDealer,
 )
+from protocols.paillier.coordinator import ThresholdCoordinator
+from protocols.paillier.trust import read_verification_keys
 from secagg.keys import SigningKey
 from secagg.paillier import slot_bits_for
 
@@ -29,6 +31,26 @@ class PaillierSession:
     dealer: ThresholdDealer | None = None
     sequence: int = 0
     words: dict[int, np.ndarray] = field(default_factory=dict)
+    keys: bytes = b""
+
+    @property
+    def directory(self):
+        return read_verification_keys(self.keys, dealer_identity=self.dealer.identity.public,
+                                      public_key=self.public_key, threshold=self.threshold)
+
+    @property
+    def roster(self) -> dict[int, bytes]:
+        return {c: k.public for c, k in self.identities.items()}
+
+    def coordinator(self, server: PaillierServer) -> ThresholdCoordinator:
+        return ThresholdCoordinator(server, directory=self.directory, roster=self.roster)
+
+    def certify(self, coordinator: ThresholdCoordinator, endorsers=None) -> bytes:
+        """Ask ``endorsers`` (default: every party) to endorse; the certified request."""
+        listing = coordinator.contributor_list()
+        for c in endorsers if endorsers is not None else self.clients:
+            coordinator.add_endorsement(c, self.clients[c].endorse(listing))
+        return coordinator.request()
 
     @property
     def public_key(self):
@@ -75,6 +97,7 @@ def make_paillier_session(n: int = 4, *, threshold: int = 3, custody: str = "key
         dealer = announcer = ThresholdDealer(parties=list(range(n)), threshold=threshold,
                                              key_bits=key_bits, allow_insecure=True)
     announcement = announcer.announcement()
+    keys = dealer.verification_keys() if dealer else b""
     clients = {}
     for c in range(n):
         share = dealer.hand_out(c) if dealer else None
@@ -82,7 +105,9 @@ def make_paillier_session(n: int = 4, *, threshold: int = 3, custody: str = "key
                                     announcer_identity=announcer.identity.public, share=share,
                                     roster=roster if dealer else None, min_key_bits=key_bits)
         registration = clients[c].receive_announcement(announcement)
+        if dealer is not None:
+            clients[c].receive_verification_keys(keys)
         if holder is not None:
             holder.enroll(c, identities[c].public)
             clients[c].receive_welcome(holder.register(registration))
-    return PaillierSession(clients, identities, threshold, server_identity, holder, dealer)
+    return PaillierSession(clients, identities, threshold, server_identity, holder, dealer, keys=keys)
