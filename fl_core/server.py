@@ -153,10 +153,14 @@ class FederatedServer:
         metrics: dict[str, float] = {"failed_clients": float(failed)}
         try:
             aggregate = self.protocol.aggregate(round_index, updates)
+            average = aggregate.average()
+            if average.shape != vector.shape:
+                raise AggregationError(f"the released average has {average.size} values, the "
+                                       f"model {vector.size}")
         except AggregationError as error:
             status = f"aborted: {error}"
         else:
-            new_vector = self.strategy.apply(vector, aggregate.average())
+            new_vector = self.strategy.apply(vector, average)
             norm = float(np.linalg.norm(new_vector.astype(np.float64) - vector))
             vector = new_vector
             participants = len(aggregate.participants)
