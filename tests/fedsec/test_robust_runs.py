@@ -83,3 +83,29 @@ def test_the_byzantine_clients_are_drawn_from_the_seed():
     assert len(set(picks.values())) > 1
     assert picks[0] == byzantine_clients(make_config({"seed": 0, "robust.byzantine": 3,
                                                       "data.clients": 10, **PLAIN}))
+
+
+def test_under_real_masking_a_searching_byzantine_client_moves_the_average_by_at_most_its_bound():
+    """The honest masking protocol, unmodified, with the clients' L2 bound in front: one client
+    (at random) sends a random lie of random size (1e-3 to 1e6); the released average moves from
+    the honest one by at most 2 * bound * w_k / W (plus quantisation)."""
+    from fl_core import ClientUpdate
+    from fl_core.robust import NormBoundedAggregation
+    from protocols.masked import MaskedAggregation
+
+    rng = np.random.default_rng(5)
+    bound, d = 0.5, 20
+    protocol = NormBoundedAggregation(inner=MaskedAggregation(max_weight=100, rng=rng), bound=bound)
+    for trial in range(8):
+        weights = rng.integers(10, 100, size=4).astype(float)
+        honest = [rng.normal(0, 0.05, size=d).astype(np.float32) for _ in range(4)]
+        bad = int(rng.integers(4))
+        lie = (rng.normal(size=d) * 10.0 ** rng.uniform(-3, 6)).astype(np.float32)
+        sent = [lie if k == bad else v for k, v in enumerate(honest)]
+        clean = protocol.aggregate(2 * trial + 1, [ClientUpdate(k, v, w) for k, (v, w) in
+                                                   enumerate(zip(honest, weights))]).average()
+        attacked = protocol.aggregate(2 * trial + 2, [ClientUpdate(k, v, w) for k, (v, w) in
+                                                      enumerate(zip(sent, weights))])
+        shift = np.linalg.norm(attacked.average().astype(np.float64) - clean)
+        assert shift <= 2 * bound * weights[bad] / weights.sum() + 1e-3
+        assert attacked.participants == (0, 1, 2, 3)

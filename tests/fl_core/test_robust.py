@@ -132,3 +132,20 @@ def test_a_searching_attacker_moves_the_median_and_trimmed_mean_only_within_the_
                                 factor=factor, rng=rng).aggregate(1, _updates(honest)).average()
         mean_escaped += bool(np.any(mean < low) or np.any(mean > high))
     assert mean_escaped >= 15
+
+
+def test_an_exhaustive_colluding_pair_cannot_push_the_median_or_trimmed_mean_out_of_the_honest_range():
+    """n = 5, f = 2 colluders, d = 2: every pair of lies from a grid of extreme and in-range values
+    (5^4 joint choices), against the unmodified rules."""
+    honest = np.array([[0.0, 1.0], [0.5, 2.0], [1.0, 3.0]])
+    low, high = honest.min(axis=0), honest.max(axis=0)
+    grid = [-1e6, -1.0, 0.7, 4.0, 1e6]
+    rules = (RobustAggregation(rule="median"), RobustAggregation(rule="trimmed_mean", trim=0.4))
+    for a0 in grid:
+        for a1 in grid:
+            for b0 in grid:
+                for b1 in grid:
+                    rows = np.vstack([honest, [[a0, a1], [b0, b1]]]).astype(np.float32)
+                    for rule in rules:
+                        centre = rule.aggregate(1, _updates(rows)).average()
+                        assert np.all(centre >= low - 1e-6) and np.all(centre <= high + 1e-6)
