@@ -88,7 +88,8 @@ def report(config: ExperimentConfig, server: fl_core.FederatedServer, tests: tup
     if out_dir is not None:
         _plot(entry, out_dir / "personalization.png",
               title=f"{config.data.dataset}, {k} clients ({config.data.partition}), "
-                    f"{config.train.algorithm}")
+                    f"{config.train.algorithm}"
+                    + (f", lambda = {config.personal.lam:g}" if "lam" in entry else ""))
     return {"personalization": entry}
 
 
@@ -106,9 +107,9 @@ def _plot(entry: dict[str, Any], path: Path, *, title: str) -> None:
     ax.set_xlabel("client")
     ax.set_ylabel("accuracy on the client's held-out data")
     ax.set_xticks(index)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.18)
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, metadata={"Title": title})
     plt.close(fig)

@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from fl_core import FedAvg, FederatedServer, PlainAggregation, SGDTrainer, build_model, load_federated
 from fl_core.data import ArrayDataset
@@ -150,4 +149,3 @@ def test_bad_arguments_raise():
         PerFedAvg(alpha=0.1, beta=-1.0, local_steps=1, batch_size=0)
     with pytest.raises(InvalidParameterError):
         PerFedAvg(alpha=0.1, beta=0.1, local_steps=0, batch_size=0)
-    torch.manual_seed(0)
