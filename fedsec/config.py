@@ -58,8 +58,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox",
-                          choices=("fedavg", "fedsgd", "fedprox"))
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, ditto, perfedavg",
+                          choices=("fedavg", "fedsgd", "fedprox", "ditto", "perfedavg"))
     prox_mu: float = _opt(0.0, "a number >= 0 (FedProx's mu; > 0 with algorithm = 'fedprox')",
                           lambda v: v >= 0)
     server_optimizer: str = _opt("sgd", "one of sgd, momentum, adam, yogi (applied to the "
@@ -120,6 +120,38 @@ class DPConfig:
 
 
 @dataclass(frozen=True)
+class PersonalConfig:
+    lam: float = _opt(1.0, "a number >= 0 (Ditto's lambda: 0 = local training, large = the global "
+                           "model)", lambda v: v >= 0)
+    lr: float = _opt(0.1, "a number > 0 (Ditto's personal learning rate; Per-FedAvg's adaptation "
+                          "step alpha)", _positive)
+    epochs: int = _opt(1, "an integer >= 1 (Ditto's personal epochs per round)", lambda v: v >= 1)
+    steps: int = _opt(5, "an integer >= 1 (Per-FedAvg's local meta steps per round)",
+                      lambda v: v >= 1)
+    adapt_steps: int = _opt(1, "an integer >= 1 (Per-FedAvg's adaptation steps before evaluation)",
+                            lambda v: v >= 1)
+    holdout: float = _opt(0.25, "a number in (0, 1) (share of each client's data held out as its "
+                                "local test set)", lambda v: 0 < v < 1)
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    rule: str = _opt("none", "one of none, median, trimmed_mean (plain aggregation only), "
+                             "norm_bound (any secure layer)",
+                     choices=("none", "median", "trimmed_mean", "norm_bound"))
+    trim: float = _opt(0.1, "a number in [0, 0.5) (trimmed_mean: share cut from each end)",
+                       lambda v: 0 <= v < 0.5)
+    norm_bound: float = _opt(1.0, "a number > 0 (norm_bound: L2 bound on each client update)",
+                             _positive)
+    byzantine: int = _opt(0, "an integer >= 0 (simulated Byzantine clients, < data.clients)",
+                          lambda v: v >= 0)
+    attack: str = _opt("sign_flip", "one of sign_flip, scale, noise (what Byzantine clients send)",
+                       choices=("sign_flip", "scale", "noise"))
+    factor: float = _opt(10.0, "a number > 0 (scale: the multiplier; noise: its size relative to "
+                               "the honest update)", _positive)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
 
@@ -130,6 +162,8 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     secure: SecureConfig = field(default_factory=SecureConfig)
     dp: DPConfig = field(default_factory=DPConfig)
+    personal: PersonalConfig = field(default_factory=PersonalConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
 
     def to_toml(self) -> str:
         """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
@@ -307,6 +341,8 @@ def _check_combinations(config: ExperimentConfig) -> None:
             raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
     _check_algorithm(config)
+    _check_personal(config)
+    _check_robust(config)
     _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -346,6 +382,63 @@ def _check_algorithm(config: ExperimentConfig) -> None:
     if t.algorithm == "fedprox" and config.dp.mode == "dpsgd":
         raise ConfigError("train.algorithm", "'fedprox' with dp.mode = 'dpsgd' is not supported "
                                              "(DP-SGD has no proximal term): use 'fedavg'")
+
+
+PERSONAL_ONLY = {"ditto": ("lam", "epochs"), "perfedavg": ("steps", "adapt_steps")}
+
+
+def _check_personal(config: ExperimentConfig) -> None:
+    """``[personal]`` keys belong to ``train.algorithm = 'ditto'`` or ``'perfedavg'``."""
+    t, p, defaults = config.train, config.personal, PersonalConfig()
+    for name in ("lam", "lr", "epochs", "steps", "adapt_steps", "holdout"):
+        if getattr(p, name) == getattr(defaults, name):
+            continue
+        owners = [a for a in PERSONAL_ONLY if name in PERSONAL_ONLY[a]] or list(PERSONAL_ONLY)
+        if t.algorithm not in owners:
+            raise ConfigError(f"personal.{name}", "needs train.algorithm = "
+                                                  + " or ".join(repr(a) for a in owners))
+    if t.algorithm != "perfedavg":
+        return
+    if config.dp.mode == "dpsgd":
+        raise ConfigError("train.algorithm", "'perfedavg' with dp.mode = 'dpsgd' is not supported "
+                                             "(its inner and outer steps are not DP-SGD steps): use "
+                                             "dp.mode = 'client' or 'none', or 'ditto'")
+    for key, default in (("server_optimizer", "sgd"), ("server_lr", 0.0)):
+        if getattr(t, key) != default:
+            raise ConfigError(f"train.{key}", "needs train.algorithm = 'fedavg' or 'fedprox' "
+                                              "(perfedavg's outer step is train.lr)")
+
+
+def _check_robust(config: ExperimentConfig) -> None:
+    """Median and trimmed mean need individual updates: plain aggregation only."""
+    r, defaults = config.robust, RobustConfig()
+    if r.rule in ("median", "trimmed_mean"):
+        if config.secure.aggregation != "none":
+            raise ConfigError("robust.rule", f"{r.rule!r} needs every client's individual update, "
+                                             f"which secure.aggregation = "
+                                             f"{config.secure.aggregation!r} hides by design (the "
+                                             f"server learns only the sum): use "
+                                             f"secure.aggregation = 'none', or robust.rule = "
+                                             f"'norm_bound', which works under masking and Paillier")
+        if config.dp.mode == "client":
+            raise ConfigError("robust.rule", f"{r.rule!r} with dp.mode = 'client' is not supported "
+                                             "(the client-level noise is calibrated to a sum's "
+                                             "sensitivity, not to a median's)")
+    if r.rule == "norm_bound" and config.dp.mode == "client":
+        raise ConfigError("robust.rule", "'norm_bound' with dp.mode = 'client' is redundant: "
+                                         "client-level DP already bounds each update's L2 norm by "
+                                         "dp.max_grad_norm")
+    if r.trim != defaults.trim and r.rule != "trimmed_mean":
+        raise ConfigError("robust.trim", "needs robust.rule = 'trimmed_mean'")
+    if r.norm_bound != defaults.norm_bound and r.rule != "norm_bound":
+        raise ConfigError("robust.norm_bound", "needs robust.rule = 'norm_bound'")
+    if r.byzantine >= config.data.clients:
+        raise ConfigError("robust.byzantine", f"must be < data.clients = {config.data.clients}; "
+                                              f"got {r.byzantine}")
+    if r.byzantine == 0:
+        for key in ("attack", "factor"):
+            if getattr(r, key) != getattr(defaults, key):
+                raise ConfigError(f"robust.{key}", "needs robust.byzantine >= 1")
 
 
 def _check_privacy(config: ExperimentConfig) -> None:

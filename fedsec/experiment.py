@@ -9,6 +9,7 @@ import math
 import platform
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from dp.errors import InvalidPrivacyParameterError
 from fedsec.config import ExperimentConfig
 from fedsec.diagnostics import hopeless_noise_warning, noise_to_signal
 from fedsec.errors import ConfigError
+from fedsec.methods import personalization
+from fedsec.methods.robust import wrap_protocol
 from fedsec.plots import plot_metric, privacy_label
 from fedsec.privacy import PrivacySetup, build_privacy
 from fedsec.progress import ProgressBar
@@ -48,6 +51,9 @@ class Experiment:
     history: HistoryRecorder
     privacy: PrivacySetup | None = None
     warnings: list[str] = field(default_factory=list)
+    extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = field(default_factory=list)
+    """Method reports run after training: each returns entries for summary.json and may write
+    its plots into the run directory (None when there is none)."""
 
 
 def build_experiment(
@@ -77,6 +83,12 @@ def build_experiment(
         raise ConfigError("data", str(error)) from None
     if not d.standardize:
         data = dataclasses.replace(data, standardize=False)
+    local_tests: tuple[fl_core.ArrayDataset, ...] = ()
+    if t.algorithm in personalization.ALGORITHMS:
+        try:
+            data, local_tests = personalization.split(config, data, rng)
+        except fl_core.InvalidParameterError as error:
+            raise ConfigError("personal.holdout", str(error)) from None
     model = fl_core.build_model(
         config.model.name,
         input_shape=data.input_shape,
@@ -98,6 +110,7 @@ def build_experiment(
     if privacy is not None:
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
+    protocol, robust_summary = wrap_protocol(config, protocol)
     weighting = privacy.weighting if privacy is not None else "samples"
     strategy = build_strategy(config, trainer, weighting=weighting)
     if privacy is not None and privacy.zero_on_failure:
@@ -116,7 +129,13 @@ def build_experiment(
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
     )
-    return Experiment(config, data, server, history, privacy, notes)
+    extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = []
+    if robust_summary:
+        extras.append(lambda result, out_dir: robust_summary)
+    if local_tests:
+        extras.append(lambda result, out_dir: personalization.report(config, server, local_tests,
+                                                                     result, out_dir))
+    return Experiment(config, data, server, history, privacy, notes, extras)
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
@@ -145,6 +164,8 @@ def build_strategy(config: ExperimentConfig, trainer: fl_core.LocalTrainer, *,
     """The strategy ``train.algorithm`` names, with the server optimiser of ``train.server_*``;
     ``weighting`` is FedAvg's (``samples``: n_k, ``equal``: 1)."""
     t = config.train
+    if t.algorithm in personalization.ALGORITHMS:
+        return personalization.build_strategy(config, trainer, weighting=weighting)
     if t.algorithm == "fedsgd":
         return fl_core.FedSGD(lr=t.lr)
     optimizer = (None if t.server_optimizer == "sgd" and not t.server_lr else
@@ -304,6 +325,8 @@ def _execute(experiment: Experiment, out_dir: Path | None) -> dict[str, Any]:
     summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
                         experiment.privacy)
     summary["warnings"] = list(experiment.warnings)
+    for extra in experiment.extras:
+        summary.update(extra(result, out_dir))
     if out_dir is None:
         return summary
     experiment.history.write_csv(out_dir / "history.csv")
