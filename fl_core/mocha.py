@@ -50,6 +50,12 @@ def task_covariance(w: np.ndarray) -> np.ndarray:
     return sigma / np.trace(sigma)
 
 
+def _check_sigma(sigma: np.ndarray, m: int) -> np.ndarray:
+    if sigma.shape != (m, m) or not np.allclose(sigma, sigma.T) or np.linalg.eigvalsh(sigma)[0] <= 0:
+        raise InvalidParameterError(f"sigma must be a symmetric positive definite {m} x {m} matrix")
+    return sigma
+
+
 def safe_sigma_prime(sigma: np.ndarray) -> float:
     """lambda_max(D^{-1/2} Sigma D^{-1/2}): the smallest sigma' with Sigma <= sigma' diag(Sigma)."""
     d = 1.0 / np.sqrt(np.diag(sigma))
@@ -143,12 +149,15 @@ class Mocha:
         self.omega_every, self.straggle = int(omega_every), float(straggle)
 
     def fit(self, clients: Sequence[MochaClient], *, rounds: int, rng: np.random.Generator,
+            sigma: np.ndarray | None = None,
             on_round: Callable[[MochaRound, np.ndarray], None] | None = None) -> MochaResult:
+        """Run ``rounds`` rounds from Sigma = ``sigma`` (symmetric positive definite m x m; default
+        I/m, unrelated tasks); ``on_round(record, W)`` after each."""
         m = len(clients)
         n_total = sum(c.n for c in clients)
         d = clients[0].x.shape[1]
         v = np.zeros((d, m))
-        sigma = np.eye(m) / m
+        sigma = np.eye(m) / m if sigma is None else _check_sigma(np.asarray(sigma, dtype=np.float64), m)
         result = MochaResult(np.zeros((d, m)), sigma)
         for r in range(1, rounds + 1):
             w = v @ sigma / self.lam
