@@ -32,6 +32,9 @@ def run_cocoa(config: ExperimentConfig, *, out: str | Path | None = None, progre
     c = config.cocoa
     solver = CoCoA(loss=c.loss, lam=c.lam, local_steps=c.local_steps, combine=c.combine)
     state: dict[str, Any] = {}
+    # the clients' coordinate draws and client sampling have their own stream, so a run through a
+    # secure layer (whose set-up draws from ``rng``) takes the same steps as the plain run
+    steps_rng = np.random.default_rng((config.seed, 1))
 
     def train(log: RoundLog):
         nonlocal data
@@ -45,7 +48,7 @@ def run_cocoa(config: ExperimentConfig, *, out: str | Path | None = None, progre
         previous = {"w": np.zeros(test_x.shape[1])}
 
         def select(_: int) -> list[int]:
-            return sorted(rng.choice(len(clients), size=m, replace=False).tolist())
+            return sorted(steps_rng.choice(len(clients), size=m, replace=False).tolist())
 
         def on_round(r: CoCoARound, w: np.ndarray) -> None:
             z = test_y * (test_x @ w)
@@ -57,7 +60,7 @@ def run_cocoa(config: ExperimentConfig, *, out: str | Path | None = None, progre
                 metrics={"gap": r.gap, "primal": r.primal, "dual": r.dual}))
             previous["w"] = w
 
-        result = solver.fit(clients, protocol, rounds=config.rounds, rng=rng, select=select,
+        result = solver.fit(clients, protocol, rounds=config.rounds, rng=steps_rng, select=select,
                             on_round=on_round)
         state["w"] = result.w
         gamma, sigma_prime = solver.aggregation_parameters(m)
