@@ -13,8 +13,9 @@ One ROUND is one aggregation of a d-vector over the K clients, for every method:
 - mini-batch SGD: one step per round on a batch of 16 samples per client (64 in all), step
   1/(lambda (t + t0)) with t0 chosen by a grid (the best of the grid is reported).
 Reported: the first round at which P(w) - P* <= 1e-3 (null = not within the cap), CoCoA's
-duality gap at that round, and the first round at which CoCoA's own certificate, the gap, is <= 1e-3. The server's model is the same in every method; only what the clients
-compute between aggregations differs.
+duality gap at that round, and the first round at which CoCoA's own certificate, the gap, is
+<= 1e-3. The server's model is the same in every method; only what the clients compute between
+aggregations differs.
 
     python -m benchmarks.algo_cocoa [--quick]
 """

@@ -3,7 +3,8 @@
 Problem (n samples over K clients, x_i with an appended 1, labels y_i in {-1, +1}):
 
     P(w) = (1/n) sum_i l(y_i w.x_i) + (lambda/2) ||w||^2,
-    D(alpha) = (1/n) sum_i -l*(-alpha_i) - (lambda/2) ||A alpha||^2,  A alpha = (1/(lambda n)) sum_i alpha_i y_i x_i.
+    D(alpha) = (1/n) sum_i -l*(-alpha_i) - (lambda/2) ||A alpha||^2,
+    A alpha = (1/(lambda n)) sum_i alpha_i y_i x_i.
 
 Each round every sampled client runs ``local_steps`` (H) SDCA steps on its own dual block against the
 CoCoA+ local subproblem with curvature ``sigma_prime`` (Jaggi et al. 2014; Ma et al. 2015), and

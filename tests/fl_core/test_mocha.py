@@ -130,8 +130,9 @@ def test_learning_omega_couples_related_tasks():
     assert off_diagonal.max() > 0.05
 
 
-@pytest.mark.parametrize("kwargs, key", [({"omega_every": -1}, "omega_every"), ({"straggle": 1.5}, "straggle"),
-                                         ({"lam": -1.0}, "lam"), ({"loss": "l2"}, "loss")])
+@pytest.mark.parametrize("kwargs, key", [({"omega_every": -1}, "omega_every"),
+                                         ({"straggle": 1.5}, "straggle"), ({"lam": -1.0}, "lam"),
+                                         ({"loss": "l2"}, "loss")])
 def test_bad_mocha_parameters_are_value_errors_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         Mocha(**kwargs)
