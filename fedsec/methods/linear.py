@@ -41,11 +41,12 @@ def load_data(config: ExperimentConfig, rng: np.random.Generator) -> fl_core.Fed
 class RoundLog:
     """Turns a method's rounds into :class:`RoundRecord` rows, timing each round."""
 
-    def __init__(self, observers: list[RoundObserver], rounds: int, n_clients: int) -> None:
+    def __init__(self, observers: list[RoundObserver], rounds: int, n_clients: int,
+                 clients_per_round: int) -> None:
         self.history = HistoryRecorder()
         self.observers = [self.history, *observers]
         for observer in self.observers:
-            observer.on_start(n_clients=n_clients, clients_per_round=n_clients, rounds=rounds)
+            observer.on_start(n_clients=n_clients, clients_per_round=clients_per_round, rounds=rounds)
         self.clock = time.perf_counter()
 
     def add(self, record: RoundRecord) -> None:
@@ -86,7 +87,8 @@ def _train(config: ExperimentConfig,
     from fedsec.experiment import summarize
 
     start = time.perf_counter()
-    log = RoundLog(observers, config.rounds, config.data.clients)
+    log = RoundLog(observers, config.rounds, config.data.clients,
+                   fl_core.clients_per_round(config.train.fraction, config.data.clients))
     if path is not None:
         (path / "config.toml").write_text(config.to_toml())
     try:

@@ -94,3 +94,10 @@ def test_a_mocha_run_writes_per_client_accuracy_and_the_task_relationship(tmp_pa
     sigma = np.array(section["sigma"])
     assert sigma.shape == (5, 5) and np.trace(sigma) == pytest.approx(1.0)
     assert [int(r["round"]) for r in _rows(out)] == [1, 2, 3, 4, 5]
+
+
+def test_cocoa_with_client_sampling_adds_over_the_sampled_clients():
+    summary = run_experiment(make_config({**COCOA, "rounds": 3, "train.fraction": 0.5,
+                                          "cocoa.loss": "logistic", "cocoa.lam": 0.01}))
+    assert summary["cocoa"]["gamma"] == 1.0 and summary["cocoa"]["sigma_prime"] == 2.0
+    assert summary["cocoa"]["final_gap"] >= 0 and summary["rounds_run"] == 3

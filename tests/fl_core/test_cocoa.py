@@ -209,3 +209,18 @@ def test_a_client_update_is_per_sample_scaled_with_weight_n_k():
     assert isinstance(update, ClientUpdate) and update.weight == 30.0
     client.commit(1.0, included=True)
     np.testing.assert_allclose(update.vector * 30, dual_map([client], 0.1), atol=1e-15)
+
+
+def test_a_gap_from_part_of_the_federation_is_not_reported():
+    _, _, parts = blobs(n=60, d=3, k=3)
+
+    class DropStatistics(SubsetServer):
+        def aggregate(self, round_index, updates, *, purpose="update"):
+            if purpose == "statistics":
+                updates = updates[1:]
+            return super().aggregate(round_index, updates, purpose="update")
+
+    result = CoCoA(loss="hinge", lam=0.1, local_steps=10).fit(
+        clients_of(parts), DropStatistics(lambda r: {0, 1, 2}), rounds=2, rng=np.random.default_rng(0))
+    assert all(np.isnan(r.gap) for r in result.rounds)
+    assert all(r.participants == 3 for r in result.rounds)
