@@ -224,3 +224,18 @@ def test_a_gap_from_part_of_the_federation_is_not_reported():
         clients_of(parts), DropStatistics(lambda r: {0, 1, 2}), rounds=2, rng=np.random.default_rng(0))
     assert all(np.isnan(r.gap) for r in result.rounds)
     assert all(r.participants == 3 for r in result.rounds)
+
+
+def test_clients_dropped_by_the_masking_layer_keep_their_old_block():
+    from protocols.masked import MaskedAggregation
+
+    _, _, parts = blobs(n=160, d=3, k=8)
+    clients = clients_of(parts)
+    layer = MaskedAggregation(max_weight=20, rng=np.random.default_rng(3), clip=4.0, bits=24,
+                              dropout=0.15)
+    result = CoCoA(loss="logistic", lam=0.1, local_steps=15).fit(clients, layer, rounds=4,
+                                                                rng=np.random.default_rng(12))
+    assert any(r.status == "ok" and 0 < r.dropped for r in result.rounds)
+    # a dropped client's Delta alpha is not applied: w = A alpha to quantisation (2^-24 x 4 per step),
+    # where applying it would be off by that client's whole Delta w
+    np.testing.assert_allclose(result.w, dual_map(clients, 0.1), atol=1e-4)
