@@ -239,3 +239,19 @@ def test_clients_dropped_by_the_masking_layer_keep_their_old_block():
     # a dropped client's Delta alpha is not applied: w = A alpha to quantisation (2^-24 x 4 per step),
     # where applying it would be off by that client's whole Delta w
     np.testing.assert_allclose(result.w, dual_map(clients, 0.1), atol=1e-4)
+
+
+def test_federated_cocoa_reaches_the_centralised_sdca_solution():
+    from fl_core.cocoa import local_sdca
+
+    x, y, parts = blobs(n=90, d=3)
+    xi, s = with_intercept(x), signed_labels(y)
+    alpha, w = np.zeros(len(s)), np.zeros(xi.shape[1])
+    rng = np.random.default_rng(4)
+    for _ in range(100):
+        delta_alpha, delta_w = local_sdca(xi, s, alpha, w, loss_name="logistic", lam=0.1, n_total=90,
+                                          sigma_prime=1.0, steps=90, rng=rng)
+        alpha, w = alpha + delta_alpha, w + delta_w
+    federated = CoCoA(loss="logistic", lam=0.1, local_steps=30).fit(
+        clients_of(parts), PlainAggregation(), rounds=150, rng=np.random.default_rng(5))
+    np.testing.assert_allclose(federated.w, w, atol=1e-6)
