@@ -58,8 +58,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, ditto, perfedavg",
-                          choices=("fedavg", "fedsgd", "fedprox", "ditto", "perfedavg"))
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, ditto, perfedavg, cocoa, mocha",
+                          choices=("fedavg", "fedsgd", "fedprox", "ditto", "perfedavg", "cocoa", "mocha"))
     prox_mu: float = _opt(0.0, "a number >= 0 (FedProx's mu; > 0 with algorithm = 'fedprox')",
                           lambda v: v >= 0)
     server_optimizer: str = _opt("sgd", "one of sgd, momentum, adam, yogi (applied to the "
@@ -149,6 +149,29 @@ class RobustConfig:
                        choices=("sign_flip", "scale", "noise"))
     factor: float = _opt(10.0, "a number > 0 (scale: the multiplier; noise: its size relative to "
                                "the honest update)", _positive)
+class CoCoAConfig:
+    loss: str = _opt("hinge", "one of hinge (linear SVM), logistic", choices=("hinge", "logistic"))
+    lam: float = _opt(1e-3, "a number > 0 (lambda, the L2 regularisation of the per-sample "
+                            "objective)", _positive)
+    local_steps: int = _opt(100, "an integer >= 1 (H, SDCA steps per client per round)",
+                            lambda v: v >= 1)
+    combine: str = _opt("adding", "one of adding (CoCoA+: gamma = 1, sigma' = K), averaging "
+                                  "(gamma = 1/K, sigma' = 1)", choices=("adding", "averaging"))
+
+
+@dataclass(frozen=True)
+class MochaConfig:
+    loss: str = _opt("hinge", "one of hinge (linear SVM), logistic", choices=("hinge", "logistic"))
+    lam: float = _opt(1e-3, "a number > 0 (lambda of (lambda/2) tr(W Omega W^T))", _positive)
+    local_steps: int = _opt(100, "an integer >= 1 (H, the most SDCA steps per client per round)",
+                            lambda v: v >= 1)
+    omega_every: int = _opt(5, "an integer >= 0 (rounds between task-relationship updates; 0 = "
+                               "never: independent local models)", lambda v: v >= 0)
+    straggle: float = _opt(0.0, "a number in [0, 1] (chance a client straggles in a round: it does "
+                                "a random number of steps in [0, H), 0 = skips)",
+                           lambda v: 0 <= v <= 1)
+    holdout: float = _opt(0.25, "a number in (0, 1) (share of each client's training samples held "
+                                "out as its own test set)", lambda v: 0 < v < 1)
 
 
 @dataclass(frozen=True)
@@ -164,6 +187,8 @@ class ExperimentConfig:
     dp: DPConfig = field(default_factory=DPConfig)
     personal: PersonalConfig = field(default_factory=PersonalConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
+    cocoa: CoCoAConfig = field(default_factory=CoCoAConfig)
+    mocha: MochaConfig = field(default_factory=MochaConfig)
 
     def to_toml(self) -> str:
         """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
@@ -343,6 +368,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     _check_algorithm(config)
     _check_personal(config)
     _check_robust(config)
+    _check_linear_methods(config)
     _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -439,6 +465,50 @@ def _check_robust(config: ExperimentConfig) -> None:
         for key in ("attack", "factor"):
             if getattr(r, key) != getattr(defaults, key):
                 raise ConfigError(f"robust.{key}", "needs robust.byzantine >= 1")
+LINEAR_METHODS = ("cocoa", "mocha")
+"""Primal-dual methods for linear models (fedsec.methods); they train no torch model."""
+
+
+def _check_linear_methods(config: ExperimentConfig) -> None:
+    """CoCoA and MOCHA: their own keys only with them, binary linear models, and the privacy they
+    compose with (CoCoA: any secure layer, no DP; MOCHA: plain only)."""
+    method = config.train.algorithm
+    for name in LINEAR_METHODS:
+        if method != name:
+            section, defaults = getattr(config, name), type(getattr(config, name))()
+            for f in fields(section):
+                if getattr(section, f.name) != getattr(defaults, f.name):
+                    raise ConfigError(f"{name}.{f.name}", f"needs train.algorithm = {name!r}")
+    if method not in LINEAR_METHODS:
+        return
+    if config.model.name != "logreg":
+        raise ConfigError("model.name", f"{method} trains a linear model: needs 'logreg'")
+    if config.data.dataset == "digits":
+        raise ConfigError("data.dataset", f"{method} is binary (hinge or logistic loss); 'digits' "
+                                          f"has 10 classes")
+    train, defaults = config.train, TrainConfig()
+    for key in ("local_epochs", "batch_size", "lr", "server_optimizer", "server_lr",
+                "target_accuracy", "stop_tol"):
+        if getattr(train, key) != getattr(defaults, key):
+            raise ConfigError(f"train.{key}", f"does not apply to train.algorithm = {method!r} "
+                                              f"(its keys are in [{method}])")
+    if config.dp.mode != "none":
+        reason = ("MOCHA's server needs every client's model" if method == "mocha" else
+                  "'dpsgd' clips per-example SGD gradients and CoCoA takes SDCA dual steps; "
+                  "client-level noise on the summed Delta w would break w = A alpha, which every "
+                  "client's dual steps rely on")
+        raise ConfigError("dp.mode", f"train.algorithm = {method!r} runs without DP ({reason}): "
+                                     f"set dp.mode = 'none'")
+    if method == "mocha":
+        if config.secure.aggregation != "none":
+            raise ConfigError("secure.aggregation", "MOCHA's task-relationship update Sigma = "
+                                                    "(W^T W)^(1/2) / tr(.) needs the individual "
+                                                    "per-client models W, not their sum: no secure "
+                                                    "layer can hide them; set secure.aggregation = "
+                                                    "'none'")
+        if train.fraction != 1:
+            raise ConfigError("train.fraction", "MOCHA keeps every client's model each round; "
+                                                "model partial participation with mocha.straggle")
 
 
 def _check_privacy(config: ExperimentConfig) -> None:

@@ -292,6 +292,12 @@ def run_experiment(
     """
     import torch
 
+    if config.train.algorithm in ("cocoa", "mocha"):
+        from fedsec.methods.cocoa import run_cocoa
+        from fedsec.methods.mocha import run_mocha
+
+        runner = run_cocoa if config.train.algorithm == "cocoa" else run_mocha
+        return runner(config, out=out, progress=progress, force=force)
     if out is not None:
         check_out(out, force=force)
     # The bundled models are tiny: one intra-op thread is faster than several on a CPU.
