@@ -58,8 +58,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox",
-                          choices=("fedavg", "fedsgd", "fedprox"))
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, boosting",
+                          choices=("fedavg", "fedsgd", "fedprox", "boosting"))
     prox_mu: float = _opt(0.0, "a number >= 0 (FedProx's mu; > 0 with algorithm = 'fedprox')",
                           lambda v: v >= 0)
     server_optimizer: str = _opt("sgd", "one of sgd, momentum, adam, yogi (applied to the "
@@ -120,6 +120,26 @@ class DPConfig:
 
 
 @dataclass(frozen=True)
+class BoostingConfig:
+    """Component-wise boosting (train.algorithm = 'boosting'); `rounds` is its mstop."""
+
+    family: str = _opt("binomial", "one of binomial (logistic), gaussian (squared error)",
+                       choices=("binomial", "gaussian"))
+    learners: str = _opt("both", "one of linear, spline, both (base learners per feature)",
+                         choices=("linear", "spline", "both"))
+    nu: float = _opt(0.1, "a number in (0, 1] (step length)", lambda v: 0 < v <= 1)
+    df: float = _opt(4.0, "a number > boosting.difference (degrees of freedom of each P-spline)",
+                     _positive)
+    knots: int = _opt(20, "an integer in [1, 200] (inner knots of each P-spline)",
+                      lambda v: 1 <= v <= 200)
+    degree: int = _opt(3, "an integer in [1, 5] (B-spline degree)", lambda v: 1 <= v <= 5)
+    difference: int = _opt(2, "1, 2 or 3 (order of the difference penalty)", choices=(1, 2, 3))
+    spline_range: float = _opt(3.0, "a number in (0, 1e6) (public knot range [-r, r] of the "
+                                    "standardised features; values outside are clamped)",
+                               lambda v: 0 < v < 1e6)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
 
@@ -130,6 +150,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     secure: SecureConfig = field(default_factory=SecureConfig)
     dp: DPConfig = field(default_factory=DPConfig)
+    boosting: BoostingConfig = field(default_factory=BoostingConfig)
 
     def to_toml(self) -> str:
         """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
@@ -307,6 +328,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
             raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
     _check_algorithm(config)
+    _check_boosting(config)
     _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -346,6 +368,45 @@ def _check_algorithm(config: ExperimentConfig) -> None:
     if t.algorithm == "fedprox" and config.dp.mode == "dpsgd":
         raise ConfigError("train.algorithm", "'fedprox' with dp.mode = 'dpsgd' is not supported "
                                              "(DP-SGD has no proximal term): use 'fedavg'")
+
+
+BOOSTING_UNUSED = ("local_epochs", "batch_size", "lr", "server_optimizer", "server_lr", "prox_mu",
+                   "stop_tol")
+"""train.* keys that component-wise boosting has no use for (boosting.nu is its step)."""
+
+
+def _check_boosting(config: ExperimentConfig) -> None:
+    b, t = config.boosting, config.train
+    if t.algorithm != "boosting":
+        defaults = BoostingConfig()
+        for f in fields(b):
+            if getattr(b, f.name) != getattr(defaults, f.name):
+                raise ConfigError(f"boosting.{f.name}", "needs train.algorithm = 'boosting'")
+        return
+    if config.dp.mode != "none":
+        raise ConfigError("dp.mode", "boosting sends its sums (B'B, B'u) as statistics, which carry "
+                                     "no DP noise and no accountant: set dp.mode = 'none'")
+    defaults_t = TrainConfig()
+    for key in BOOSTING_UNUSED:
+        if getattr(t, key) != getattr(defaults_t, key):
+            raise ConfigError(f"train.{key}", "does not apply to train.algorithm = 'boosting' "
+                                              "(boosting.nu is its step length)")
+    if t.fraction != 1:
+        raise ConfigError("train.fraction", "boosting sums every client's statistics each iteration "
+                                            "(B'B is summed once over all): needs train.fraction = 1")
+    if config.model.name != "logreg":
+        raise ConfigError("model.name", "boosting fits its own additive model; leave model.name "
+                                        "at 'logreg'")
+    if config.data.dataset == "digits":
+        raise ConfigError("data.dataset", "boosting fits binary labels (0/1); 'digits' has 10 classes")
+    if b.learners != "linear" and not config.data.standardize:
+        raise ConfigError("boosting.learners", "P-spline knots come from the public range of the "
+                                               "standardised features: needs data.standardize = true "
+                                               "(or boosting.learners = 'linear')")
+    if b.df <= b.difference or b.df > b.knots + b.degree + 1:
+        raise ConfigError("boosting.df", f"must be in (boosting.difference, boosting.knots + "
+                                         f"boosting.degree + 1] = ({b.difference}, "
+                                         f"{b.knots + b.degree + 1}]; got {b.df}")
 
 
 def _check_privacy(config: ExperimentConfig) -> None:

@@ -320,8 +320,9 @@ class FederatedBoosting:
         return result
 
     def fit(self, clients: Sequence[ArrayDataset], *,
-            callback: Callable[[BoostingStep, BoostingModel], None] | None = None) -> BoostingFit:
-        """Boost ``iterations`` times; ``callback`` sees every step and the model after it."""
+            callback: Callable[[BoostingStep, BoostingModel], bool] | None = None) -> BoostingFit:
+        """Boost ``iterations`` times; ``callback`` sees every step and the model after it and
+        returns True to stop there."""
         n_features = int(np.prod(clients[0].x.shape[1:]))
         learners = self.spec.base_learners(n_features)
         parties = [BoostingClient(data=c, learners=learners, family=self.spec.family) for c in clients]
@@ -343,6 +344,6 @@ class FederatedBoosting:
                                 summed.upload_bytes, time.perf_counter() - start)
             steps.append(step)
             path.append(model.flat_coefficients())
-            if callback is not None:
-                callback(step, model)
+            if callback is not None and callback(step, model):
+                break
         return BoostingFit(model, steps, np.array(path), lambdas, result.upload_bytes)
