@@ -148,7 +148,7 @@ def run_boosting(run: BoostingRun, out_dir: Path | None, *,
         return summary
     history.write_csv(out_dir / "history.csv")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    state = {"offset": torch.tensor([fit.model.offset])}
+    state = {"offset": torch.tensor([fit.model.offset], dtype=torch.float64)}
     state.update({learner.name: torch.from_numpy(beta.copy())
                   for learner, beta in zip(fit.model.learners, fit.model.coefficients, strict=True)})
     torch.save(state, out_dir / "model.pt")
