@@ -13,7 +13,11 @@ then every iteration
 4. f <- f + nu B_j* beta_j*.
 
 Every sum goes through :class:`AggregationProtocol` with ``purpose="statistics"``: each client
-sends its per-sample averages with weight n_k, so the weighted sum is the pooled sum. With plain
+sends its own sums over its samples with weight 1, so the protocol's sum is the pooled sum (sums
+rather than per-sample averages with weight n_k: a fixed-point encoder's absolute step then costs
+a relative error n_k times smaller). A client's sums must lie in the statistics range of the
+secure layer (|value| < 2^24 for fedsec's encoders); otherwise the fit stops with an
+AggregationError, nothing is clipped silently. With plain
 aggregation the fit equals centralised component-wise boosting on the pooled data up to float
 rounding; with a secure layer, up to its fixed-point quantisation. No privacy knowledge lives here.
 """
@@ -141,7 +145,7 @@ def _triangle(size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class BoostingClient:
-    """A client's side: its design matrices, and the sums it contributes (per-sample averages)."""
+    """A client's side: its design matrices, and the sums over its samples it contributes."""
 
     def __init__(self, *, data: ArrayDataset, learners: Sequence[BaseLearner], family: str) -> None:
         self.x = data.x.reshape(len(data), -1).astype(np.float64)
@@ -151,19 +155,19 @@ class BoostingClient:
         self.n = len(data)
 
     def setup_statistics(self) -> np.ndarray:
-        """[mean y, upper triangles of B_j'B_j / n for every learner j]."""
-        parts = [np.array([self.y.mean()])]
+        """[n, sum y, upper triangles of B_j'B_j for every learner j]."""
+        parts = [np.array([float(self.n), self.y.sum()])]
         for design in self.designs:
             upper = _triangle(design.shape[1])
-            parts.append((design.T @ design / self.n)[upper])
+            parts.append((design.T @ design)[upper])
         return np.concatenate(parts)
 
     def gradient_statistics(self, model: BoostingModel) -> np.ndarray:
-        """[mean loss, B_j'u / n for every learner j] for the pseudo-residuals u of ``model``."""
+        """[sum of losses, B_j'u for every learner j] for the pseudo-residuals u of ``model``."""
         f = model.predict_designs(self.designs)
         u = self.family.negative_gradient(self.y, f)
-        parts = [np.array([self.family.loss(self.y, f).mean()])]
-        parts.extend(design.T @ u / self.n for design in self.designs)
+        parts = [np.array([self.family.loss(self.y, f).sum()])]
+        parts.extend(design.T @ u for design in self.designs)
         return np.concatenate(parts)
 
 
@@ -239,15 +243,18 @@ class BoostingFit:
 
 
 class SetupStage:
-    """Stage 1: sum mean y and every B_j'B_j once; derive each learner's lambda for its df."""
+    """Stage 1: sum n, sum y and every B_j'B_j once; derive each learner's lambda for its df."""
 
     def __init__(self, learners: Sequence[BaseLearner]) -> None:
         self.learners = tuple(learners)
 
-    def finish(self, total: np.ndarray, n: float) -> tuple[float, list[np.ndarray], np.ndarray]:
-        """From the pooled sums to (mean y, grams, lambdas)."""
-        mean_y = float(total[0]) / n
-        grams, lambdas, start = [], [], 1
+    def finish(self, total: np.ndarray) -> tuple[float, float, list[np.ndarray], np.ndarray]:
+        """From the pooled sums to (n, mean y, grams, lambdas)."""
+        n = float(np.round(total[0]))
+        if n < 1:
+            raise AggregationError("boosting set-up: the pooled sample count is below 1")
+        mean_y = float(total[1]) / n
+        grams, lambdas, start = [], [], 2
         for learner in self.learners:
             size = learner.size
             upper = _triangle(size)
@@ -259,7 +266,7 @@ class SetupStage:
             grams.append(gram)
             df = learner.df()
             lambdas.append(0.0 if df is None else lambda_for_df(gram, learner.penalty(), df))
-        return mean_y, grams, np.array(lambdas)
+        return n, mean_y, grams, np.array(lambdas)
 
 
 class SelectionStage:
@@ -299,10 +306,8 @@ class FederatedBoosting:
             raise InvalidParameterError(f"iterations must be >= 1, got {iterations}")
         self.spec, self.protocol, self.iterations = spec, protocol, iterations
 
-    def _sum(self, round_index: int, vectors: Sequence[np.ndarray], sizes: Sequence[int]
-             ) -> AggregateResult:
-        updates = [ClientUpdate(k, v, float(n)) for k, (v, n) in
-                   enumerate(zip(vectors, sizes, strict=True))]
+    def _sum(self, round_index: int, vectors: Sequence[np.ndarray]) -> AggregateResult:
+        updates = [ClientUpdate(k, v, 1.0) for k, v in enumerate(vectors)]
         for attempt in range(ATTEMPTS):
             try:
                 result = self.protocol.aggregate(round_index, updates, purpose="statistics")
@@ -326,18 +331,16 @@ class FederatedBoosting:
         n_features = int(np.prod(clients[0].x.shape[1:]))
         learners = self.spec.base_learners(n_features)
         parties = [BoostingClient(data=c, learners=learners, family=self.spec.family) for c in clients]
-        sizes = [p.n for p in parties]
         setup = SetupStage(learners)
-        result = self._sum(0, [p.setup_statistics() for p in parties], sizes)
-        mean_y, grams, lambdas = setup.finish(result.weighted_sum, result.total_weight)
+        result = self._sum(0, [p.setup_statistics() for p in parties])
+        n, mean_y, grams, lambdas = setup.finish(result.weighted_sum)
         selection = SelectionStage(learners, grams, lambdas)
         family = family_named(self.spec.family)
         model = BoostingModel(learners, self.spec.family, offset=family.offset(mean_y))
         steps, path = [], []
         for t in range(1, self.iterations + 1):
             start = time.perf_counter()
-            summed = self._sum(t, [p.gradient_statistics(model) for p in parties], sizes)
-            n = summed.total_weight
+            summed = self._sum(t, [p.gradient_statistics(model) for p in parties])
             j, beta, gain = selection.select(summed.weighted_sum[1:])
             model.coefficients[j] = model.coefficients[j] + self.spec.nu * beta
             step = BoostingStep(t, j, learners[j].name, float(summed.weighted_sum[0] / n), gain / n,
