@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
+from fl_core.boosting_checks import check_iteration, check_setup
 from fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner, lambda_for_df
 from fl_core.data import ArrayDataset
 from fl_core.errors import AggregationError, InvalidParameterError
@@ -248,13 +249,12 @@ class SetupStage:
     def __init__(self, learners: Sequence[BaseLearner]) -> None:
         self.learners = tuple(learners)
 
-    def finish(self, total: np.ndarray) -> tuple[float, float, list[np.ndarray], np.ndarray]:
-        """From the pooled sums to (n, mean y, grams, lambdas)."""
+    def finish(self, total: np.ndarray, *, clients: int, family: str
+               ) -> tuple[float, float, list[np.ndarray], np.ndarray]:
+        """From the pooled sums to (n, mean y, grams, lambdas); AggregationError when the sums
+        fail :func:`fl_core.boosting_checks.check_setup`."""
         n = float(np.round(total[0]))
-        if n < 1:
-            raise AggregationError("boosting set-up: the pooled sample count is below 1")
-        mean_y = float(total[1]) / n
-        grams, lambdas, start = [], [], 2
+        grams, start = [], 2
         for learner in self.learners:
             size = learner.size
             upper = _triangle(size)
@@ -264,9 +264,10 @@ class SetupStage:
             gram = gram + np.triu(gram, 1).T
             start += count
             grams.append(gram)
-            df = learner.df()
-            lambdas.append(0.0 if df is None else lambda_for_df(gram, learner.penalty(), df))
-        return n, mean_y, grams, np.array(lambdas)
+        check_setup(self.learners, grams, n, float(total[1]), clients, family)
+        lambdas = [0.0 if learner.df() is None else lambda_for_df(gram, learner.penalty(), learner.df())
+                   for learner, gram in zip(self.learners, grams, strict=True)]
+        return n, float(total[1]) / n, grams, np.array(lambdas)
 
 
 class SelectionStage:
@@ -280,11 +281,14 @@ class SelectionStage:
                         for g, lam, learner in zip(grams, lambdas, self.learners, strict=True)]
         self.offsets = np.cumsum([0] + [learner.size for learner in self.learners])
 
-    def select(self, cross: np.ndarray) -> tuple[int, np.ndarray, float]:
+    def blocks(self, cross: np.ndarray) -> list[np.ndarray]:
+        """The pooled B_j'u of every learner j, from their concatenation."""
+        return [cross[self.offsets[j]:self.offsets[j + 1]] for j in range(len(self.learners))]
+
+    def select(self, blocks: Sequence[np.ndarray]) -> tuple[int, np.ndarray, float]:
         """(index of the best learner, its coefficients, its RSS reduction u'u - RSS)."""
         best, best_beta, best_gain = -1, np.zeros(0), -np.inf
-        for j, (solver, gram) in enumerate(zip(self.solvers, self.grams, strict=True)):
-            b = cross[self.offsets[j]:self.offsets[j + 1]]
+        for j, (solver, gram, b) in enumerate(zip(self.solvers, self.grams, blocks, strict=True)):
             beta = solver @ b
             gain = float(2 * beta @ b - beta @ gram @ beta)
             if gain > best_gain:
@@ -333,7 +337,8 @@ class FederatedBoosting:
         parties = [BoostingClient(data=c, learners=learners, family=self.spec.family) for c in clients]
         setup = SetupStage(learners)
         result = self._sum(0, [p.setup_statistics() for p in parties])
-        n, mean_y, grams, lambdas = setup.finish(result.weighted_sum)
+        n, mean_y, grams, lambdas = setup.finish(result.weighted_sum, clients=len(parties),
+                                                 family=self.spec.family)
         selection = SelectionStage(learners, grams, lambdas)
         family = family_named(self.spec.family)
         model = BoostingModel(learners, self.spec.family, offset=family.offset(mean_y))
@@ -341,7 +346,9 @@ class FederatedBoosting:
         for t in range(1, self.iterations + 1):
             start = time.perf_counter()
             summed = self._sum(t, [p.gradient_statistics(model) for p in parties])
-            j, beta, gain = selection.select(summed.weighted_sum[1:])
+            blocks = selection.blocks(summed.weighted_sum[1:])
+            check_iteration(learners, blocks, float(summed.weighted_sum[0]), n)
+            j, beta, gain = selection.select(blocks)
             model.coefficients[j] = model.coefficients[j] + self.spec.nu * beta
             step = BoostingStep(t, j, learners[j].name, float(summed.weighted_sum[0] / n), gain / n,
                                 summed.upload_bytes, time.perf_counter() - start)
