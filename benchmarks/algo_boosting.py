@@ -12,7 +12,7 @@ iteration selected the same learner.
     python -m benchmarks.algo_boosting [--quick]
 
 Last stdout line: {"boosting": {"iid": {"plain": {...}, "masking": {...}, "paillier": {...}},
-"unbalanced": {...}, "max_coefficient_difference": ..., ...}}.
+"unbalanced": {...}, "iid_linear_learners": {...}, "max_coefficient_difference": ..., ...}}.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ def _accuracy(fit: BoostingFit, test: fl_core.ArrayDataset) -> float:
 
 
 def compare(partition: str, *, iterations: int, protocols: tuple[str, ...], seed: int,
-            quick: bool) -> dict[str, Any]:
+            quick: bool, spec: BoostingSpec = SPEC) -> dict[str, Any]:
     """Federated fits under ``protocols`` against the centralised fit on one partition."""
     data = fl_core.load_federated("breast_cancer", n_clients=CLIENTS, partition=partition,
                                   test_fraction=0.2, rng=np.random.default_rng(seed))
     mean, std, _ = federated_moments(data, fl_core.PlainAggregation())
     data = apply_standardization(data, mean, std)
     start = time.perf_counter()
-    central = FederatedBoosting(spec=SPEC, protocol=fl_core.PlainAggregation(),
+    central = FederatedBoosting(spec=spec, protocol=fl_core.PlainAggregation(),
                                 iterations=iterations).fit([data.pooled()])
     central_seconds = time.perf_counter() - start
     reference = central.model.flat_coefficients()
@@ -74,7 +74,7 @@ def compare(partition: str, *, iterations: int, protocols: tuple[str, ...], seed
     }
     for name in protocols:
         start = time.perf_counter()
-        fit = FederatedBoosting(spec=SPEC, protocol=_protocol(name, data, seed, quick),
+        fit = FederatedBoosting(spec=spec, protocol=_protocol(name, data, seed, quick),
                                 iterations=iterations).fit(data.clients)
         seconds = time.perf_counter() - start
         diff = np.abs(fit.model.flat_coefficients() - reference)
@@ -88,7 +88,7 @@ def compare(partition: str, *, iterations: int, protocols: tuple[str, ...], seed
             "setup_upload_bytes": fit.setup_upload_bytes,
             "seconds": round(seconds, 3),
         }
-        log(f"{partition} {name}: max |diff| {diff.max():.3g}, same selection {same}, "
+        log(f"{partition} {spec.learners} {name}: max |diff| {diff.max():.3g}, same selection {same}, "
             f"{seconds:.2f} s")
     return out
 
@@ -104,6 +104,9 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
     for partition in partitions:
         result[partition] = compare(partition, iterations=iterations, protocols=protocols,
                                     seed=seed, quick=quick)
+    linear = BoostingSpec(family="binomial", learners="linear", nu=0.1)
+    result["iid_linear_learners"] = compare("iid", iterations=iterations, protocols=("plain", "masking"),
+                                            seed=seed, quick=quick, spec=linear)
     result["max_coefficient_difference"] = {
         name: max(result[p][name]["max_coefficient_difference"] for p in partitions)
         for name in protocols}
