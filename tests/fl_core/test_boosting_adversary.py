@@ -119,3 +119,30 @@ def test_any_lie_ends_in_a_finite_model_or_an_aggregation_error(clients, call, m
         return
     assert np.isfinite(result.model.flat_coefficients()).all()
     assert all(np.isfinite(step.rss_reduction) for step in result.steps)
+
+
+def test_a_server_sending_two_models_isolates_one_clients_statistics(clients) -> None:
+    """Not covered (documented): boosting trusts the model broadcast. A lying server that sends
+    client 1 a different model f' in one iteration and the common model f in the next learns
+    client 1's own B'(u(f') - u(f)) from the difference of two honest sums; with the gaussian
+    family that is -B_1'B_1 (f' - f), client 1's own Gram in the direction the server chose."""
+    from fl_core.boosting import BoostingClient, BoostingModel
+
+    spec = BoostingSpec(family="gaussian", learners="spline", inner_knots=4, df=3.0)
+    learners = spec.base_learners(2)
+    parties = [BoostingClient(data=c, learners=learners, family="gaussian") for c in clients]
+    common = BoostingModel(learners, "gaussian", offset=0.5)
+    probe = BoostingModel(learners, "gaussian", offset=1.5)
+    protocol = fl_core.PlainAggregation()
+
+    def pooled(models) -> np.ndarray:
+        updates = [ClientUpdate(k, p.gradient_statistics(m), 1.0)
+                   for k, (p, m) in enumerate(zip(parties, models, strict=True))]
+        return protocol.aggregate(1, updates, purpose="statistics").weighted_sum
+
+    split = pooled([common, probe, common, common])
+    honest = pooled([common] * 4)
+    design = parties[1].designs[0]
+    leaked = (split - honest)[1:1 + design.shape[1]]
+    np.testing.assert_allclose(leaked, -design.T @ np.ones(len(clients[1])), atol=1e-9)
+    assert not np.allclose(leaked, -parties[0].designs[0].T @ np.ones(len(clients[0])))
