@@ -394,6 +394,10 @@ def _check_boosting(config: ExperimentConfig) -> None:
     if t.fraction != 1:
         raise ConfigError("train.fraction", "boosting sums every client's statistics each iteration "
                                             "(B'B is summed once over all): needs train.fraction = 1")
+    if config.secure.dropout:
+        raise ConfigError("secure.dropout", "boosting needs every client's sums in every iteration "
+                                            "(B'B is summed once over all; a sum of survivors would "
+                                            "mix populations): set secure.dropout = 0")
     if config.model.name != "logreg":
         raise ConfigError("model.name", "boosting fits its own additive model; leave model.name "
                                         "at 'logreg'")

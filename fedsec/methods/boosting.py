@@ -22,8 +22,14 @@ from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
 from fedsec.methods.boosting_plots import plot_coefficient_paths
 from fedsec.plots import plot_metric
-from fl_core.boosting import BoostingFit, BoostingModel, BoostingSpec, BoostingStep, FederatedBoosting
-from fl_core.boosting import family_named
+from fl_core.boosting import (
+    BoostingFit,
+    BoostingModel,
+    BoostingSpec,
+    BoostingStep,
+    FederatedBoosting,
+    family_named,
+)
 from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
 from fl_core.standardize import apply_standardization, federated_moments
 

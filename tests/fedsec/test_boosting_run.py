@@ -26,6 +26,7 @@ BOOST = {"train.algorithm": "boosting", "dp.mode": "none"}
     ({**BOOST, "train.local_epochs": 3}, "train.local_epochs", "does not apply"),
     ({**BOOST, "data.clients": 8, "train.fraction": 0.5}, "train.fraction", "fraction = 1"),
     ({**BOOST, "model.name": "mlp"}, "model.name", "additive model"),
+    ({**BOOST, "secure.dropout": 0.2}, "secure.dropout", "every client's sums"),
     ({**BOOST, "data.dataset": "digits", "secure.aggregation": "none"}, "data.dataset", "binary"),
     ({**BOOST, "data.standardize": False}, "boosting.learners", "public range"),
     ({**BOOST, "boosting.df": 2.0}, "boosting.df", "must be in"),
