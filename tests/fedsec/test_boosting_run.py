@@ -106,3 +106,13 @@ def test_masked_run_stops_at_the_target_accuracy(tmp_path) -> None:
     assert summary["final_accuracy"] >= 0.9
     rows = _rows(tmp_path / "run" / "history.csv")
     assert len(rows) == summary["rounds_run"] and int(rows[0]["upload_bytes"]) > 0
+
+
+def test_the_library_example_in_the_docs_runs(capsys) -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "algorithms-boosting.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "algorithms-boosting.md", "exec"), {})
+    counts, accuracy = capsys.readouterr().out.strip().rsplit("} ", 1)
+    assert "pspline(x" in counts and float(accuracy) > 0.9
