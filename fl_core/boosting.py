@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
-from fl_core.boosting_checks import check_iteration, check_setup
+from fl_core.boosting_checks import INCONSISTENT, check_iteration, check_setup
 from fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner, lambda_for_df
 from fl_core.data import ArrayDataset
 from fl_core.errors import AggregationError, InvalidParameterError
@@ -265,8 +265,12 @@ class SetupStage:
             start += count
             grams.append(gram)
         check_setup(self.learners, grams, n, float(total[1]), clients, family)
-        lambdas = [0.0 if learner.df() is None else lambda_for_df(gram, learner.penalty(), learner.df())
-                   for learner, gram in zip(self.learners, grams, strict=True)]
+        try:
+            lambdas = [0.0 if learner.df() is None else
+                       lambda_for_df(gram, learner.penalty(), learner.df())
+                       for learner, gram in zip(self.learners, grams, strict=True)]
+        except (InvalidParameterError, np.linalg.LinAlgError):
+            raise AggregationError(INCONSISTENT) from None
         return n, float(total[1]) / n, grams, np.array(lambdas)
 
 
@@ -277,8 +281,11 @@ class SelectionStage:
                  lambdas: np.ndarray) -> None:
         self.learners = tuple(learners)
         self.grams = list(grams)
-        self.solvers = [np.linalg.pinv(g + lam * learner.penalty())
-                        for g, lam, learner in zip(grams, lambdas, self.learners, strict=True)]
+        try:
+            self.solvers = [np.linalg.pinv(g + lam * learner.penalty())
+                            for g, lam, learner in zip(grams, lambdas, self.learners, strict=True)]
+        except np.linalg.LinAlgError:
+            raise AggregationError(INCONSISTENT) from None
         self.offsets = np.cumsum([0] + [learner.size for learner in self.learners])
 
     def blocks(self, cross: np.ndarray) -> list[np.ndarray]:
