@@ -56,10 +56,17 @@ class ModelConfig:
     name: str = _opt("logreg", "one of logreg, mlp, cnn", choices=("logreg", "mlp", "cnn"))
 
 
+ALGORITHMS = ("fedavg", "fedsgd", "fedprox", "ditto", "perfedavg", "cocoa", "mocha", "boosting")
+"""The values of train.algorithm: FedAvg-family strategies, personalization, and the seed methods
+with runners of their own (fedsec.methods)."""
+OWN_MODEL = ("cocoa", "mocha", "boosting")
+"""Methods that fit their own model (not a torch model through FedAvg's update)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, ditto, perfedavg, cocoa, mocha",
-                          choices=("fedavg", "fedsgd", "fedprox", "ditto", "perfedavg", "cocoa", "mocha"))
+    algorithm: str = _opt("fedavg", "one of fedavg, fedsgd, fedprox, ditto, perfedavg, cocoa, mocha, "
+                                    "boosting", choices=ALGORITHMS)
     prox_mu: float = _opt(0.0, "a number >= 0 (FedProx's mu; > 0 with algorithm = 'fedprox')",
                           lambda v: v >= 0)
     server_optimizer: str = _opt("sgd", "one of sgd, momentum, adam, yogi (applied to the "
@@ -149,6 +156,9 @@ class RobustConfig:
                        choices=("sign_flip", "scale", "noise"))
     factor: float = _opt(10.0, "a number > 0 (scale: the multiplier; noise: its size relative to "
                                "the honest update)", _positive)
+
+
+@dataclass(frozen=True)
 class CoCoAConfig:
     loss: str = _opt("hinge", "one of hinge (linear SVM), logistic", choices=("hinge", "logistic"))
     lam: float = _opt(1e-3, "a number > 0 (lambda, the L2 regularisation of the per-sample "
@@ -175,6 +185,26 @@ class MochaConfig:
 
 
 @dataclass(frozen=True)
+class BoostingConfig:
+    """Component-wise boosting (train.algorithm = 'boosting'); `rounds` is its mstop."""
+
+    family: str = _opt("binomial", "one of binomial (logistic), gaussian (squared error)",
+                       choices=("binomial", "gaussian"))
+    learners: str = _opt("both", "one of linear, spline, both (base learners per feature)",
+                         choices=("linear", "spline", "both"))
+    nu: float = _opt(0.1, "a number in (0, 1] (step length)", lambda v: 0 < v <= 1)
+    df: float = _opt(4.0, "a number > boosting.difference (degrees of freedom of each P-spline)",
+                     _positive)
+    knots: int = _opt(20, "an integer in [1, 200] (inner knots of each P-spline)",
+                      lambda v: 1 <= v <= 200)
+    degree: int = _opt(3, "an integer in [1, 5] (B-spline degree)", lambda v: 1 <= v <= 5)
+    difference: int = _opt(2, "1, 2 or 3 (order of the difference penalty)", choices=(1, 2, 3))
+    spline_range: float = _opt(3.0, "a number in (0, 1e6) (public knot range [-r, r] of the "
+                                    "standardised features; values outside are clamped)",
+                               lambda v: 0 < v < 1e6)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
 
@@ -189,6 +219,7 @@ class ExperimentConfig:
     robust: RobustConfig = field(default_factory=RobustConfig)
     cocoa: CoCoAConfig = field(default_factory=CoCoAConfig)
     mocha: MochaConfig = field(default_factory=MochaConfig)
+    boosting: BoostingConfig = field(default_factory=BoostingConfig)
 
     def to_toml(self) -> str:
         """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
@@ -369,6 +400,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     _check_personal(config)
     _check_robust(config)
     _check_linear_methods(config)
+    _check_boosting(config)
     _check_privacy(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -438,6 +470,11 @@ def _check_personal(config: ExperimentConfig) -> None:
 def _check_robust(config: ExperimentConfig) -> None:
     """Median and trimmed mean need individual updates: plain aggregation only."""
     r, defaults = config.robust, RobustConfig()
+    if r.rule != "none" and config.train.algorithm in OWN_MODEL:
+        raise ConfigError("robust.rule", f"applies to model updates (fedavg, fedprox, ditto, "
+                                         f"perfedavg); train.algorithm = "
+                                         f"{config.train.algorithm!r} sends sums of its own "
+                                         f"statistics, which a robust rule would corrupt")
     if r.rule in ("median", "trimmed_mean"):
         if config.secure.aggregation != "none":
             raise ConfigError("robust.rule", f"{r.rule!r} needs every client's individual update, "
@@ -509,6 +546,47 @@ def _check_linear_methods(config: ExperimentConfig) -> None:
         if train.fraction != 1:
             raise ConfigError("train.fraction", "MOCHA keeps every client's model each round; "
                                                 "model partial participation with mocha.straggle")
+BOOSTING_UNUSED = ("local_epochs", "batch_size", "lr", "server_optimizer", "server_lr", "prox_mu",
+                   "stop_tol")
+"""train.* keys that component-wise boosting has no use for (boosting.nu is its step)."""
+
+
+def _check_boosting(config: ExperimentConfig) -> None:
+    b, t = config.boosting, config.train
+    if t.algorithm != "boosting":
+        defaults = BoostingConfig()
+        for f in fields(b):
+            if getattr(b, f.name) != getattr(defaults, f.name):
+                raise ConfigError(f"boosting.{f.name}", "needs train.algorithm = 'boosting'")
+        return
+    if config.dp.mode != "none":
+        raise ConfigError("dp.mode", "boosting sends its sums (B'B, B'u) as statistics, which carry "
+                                     "no DP noise and no accountant: set dp.mode = 'none'")
+    defaults_t = TrainConfig()
+    for key in BOOSTING_UNUSED:
+        if getattr(t, key) != getattr(defaults_t, key):
+            raise ConfigError(f"train.{key}", "does not apply to train.algorithm = 'boosting' "
+                                              "(boosting.nu is its step length)")
+    if t.fraction != 1:
+        raise ConfigError("train.fraction", "boosting sums every client's statistics each iteration "
+                                            "(B'B is summed once over all): needs train.fraction = 1")
+    if config.secure.dropout:
+        raise ConfigError("secure.dropout", "boosting needs every client's sums in every iteration "
+                                            "(B'B is summed once over all; a sum of survivors would "
+                                            "mix populations): set secure.dropout = 0")
+    if config.model.name != "logreg":
+        raise ConfigError("model.name", "boosting fits its own additive model; leave model.name "
+                                        "at 'logreg'")
+    if config.data.dataset == "digits":
+        raise ConfigError("data.dataset", "boosting fits binary labels (0/1); 'digits' has 10 classes")
+    if b.learners != "linear" and not config.data.standardize:
+        raise ConfigError("boosting.learners", "P-spline knots come from the public range of the "
+                                               "standardised features: needs data.standardize = true "
+                                               "(or boosting.learners = 'linear')")
+    if b.df <= b.difference or b.df > b.knots + b.degree + 1:
+        raise ConfigError("boosting.df", f"must be in (boosting.difference, boosting.knots + "
+                                         f"boosting.degree + 1] = ({b.difference}, "
+                                         f"{b.knots + b.degree + 1}]; got {b.df}")
 
 
 def _check_privacy(config: ExperimentConfig) -> None:

@@ -64,6 +64,8 @@ def build_experiment(
     Raises:
         ConfigError: a combination of keys that only shows up when the data are loaded.
     """
+    if config.train.algorithm == "boosting":
+        raise ConfigError("train.algorithm", "boosting has no FedAvg server loop: use run_experiment")
     rng = np.random.default_rng(config.seed)
     d, t = config.data, config.train
     try:
@@ -305,6 +307,17 @@ def run_experiment(
     observers: list[RoundObserver] = []
     if progress:
         observers.append(ProgressBar(target_accuracy=config.train.target_accuracy or None))
+    if config.train.algorithm == "boosting":
+        from fedsec.methods.boosting import prepare_boosting, run_boosting
+
+        run = prepare_boosting(config)
+        if out is None:
+            return run_boosting(run, None, observers=observers)
+        staging = RunDirectory(out, force=force)
+        try:
+            return run_boosting(run, staging.path, observers=observers)
+        finally:
+            staging.publish()
     experiment = build_experiment(config, observers=observers)
     for message in experiment.warnings:
         warnings.warn(message, RunWarning, stacklevel=2)
