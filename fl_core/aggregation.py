@@ -104,22 +104,7 @@ class PlainAggregation(AggregationProtocol):
     def aggregate(
         self, round_index: int, updates: Sequence[ClientUpdate], *, purpose: Purpose = "update"
     ) -> AggregateResult:
-        if not updates:
-            raise TooFewClientsError(0, self.min_clients)
-        size = int(updates[0].vector.shape[0]) if updates[0].vector.ndim == 1 else -1
-        accepted: list[ClientUpdate] = []
-        rejected: list[int] = []
-        for update in updates:
-            try:
-                check_vector(update.vector, size, what=f"update of client {update.client_id}")
-                if not (math.isfinite(update.weight) and update.weight > 0):
-                    raise NonFiniteError(f"weight of client {update.client_id} must be finite and > 0")
-            except (ShapeMismatchError, NonFiniteError):
-                rejected.append(update.client_id)
-                continue
-            accepted.append(update)
-        if len(accepted) < self.min_clients:
-            raise TooFewClientsError(len(accepted), self.min_clients)
+        accepted, rejected, size = screen_updates(updates, self.min_clients)
         total = np.zeros(size, dtype=np.float64)
         for update in accepted:
             total += float(update.weight) * update.vector.astype(np.float64)
@@ -131,3 +116,30 @@ class PlainAggregation(AggregationProtocol):
             upload_bytes=sum(u.vector.nbytes + 8 for u in updates),
             metrics={"rejected": float(len(rejected))},
         )
+
+
+def screen_updates(updates: Sequence[ClientUpdate], min_clients: int
+                   ) -> tuple[list[ClientUpdate], list[int], int]:
+    """Split ``updates`` into the usable ones (finite 1-D vectors of the first update's length,
+    finite positive weights) and the ids of the rest; also return that length.
+
+    Raises:
+        TooFewClientsError: fewer than ``min_clients`` usable updates.
+    """
+    if not updates:
+        raise TooFewClientsError(0, min_clients)
+    size = int(updates[0].vector.shape[0]) if updates[0].vector.ndim == 1 else -1
+    accepted: list[ClientUpdate] = []
+    rejected: list[int] = []
+    for update in updates:
+        try:
+            check_vector(update.vector, size, what=f"update of client {update.client_id}")
+            if not (math.isfinite(update.weight) and update.weight > 0):
+                raise NonFiniteError(f"weight of client {update.client_id} must be finite and > 0")
+        except (ShapeMismatchError, NonFiniteError):
+            rejected.append(update.client_id)
+            continue
+        accepted.append(update)
+    if len(accepted) < min_clients:
+        raise TooFewClientsError(len(accepted), min_clients)
+    return accepted, rejected, size

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
-from fl_core.errors import (
-    InvalidParameterError,
-    NonFiniteError,
-    ShapeMismatchError,
-    TooFewClientsError,
+from fl_core.aggregation import (
+    AggregateResult,
+    AggregationProtocol,
+    ClientUpdate,
+    Purpose,
+    screen_updates,
 )
-from fl_core.parameters import check_vector
+from fl_core.errors import InvalidParameterError
 
 RULES = ("median", "trimmed_mean")
 
@@ -87,22 +87,7 @@ class RobustAggregation(AggregationProtocol):
     def aggregate(
         self, round_index: int, updates: Sequence[ClientUpdate], *, purpose: Purpose = "update"
     ) -> AggregateResult:
-        if not updates:
-            raise TooFewClientsError(0, self.min_clients)
-        size = int(updates[0].vector.shape[0]) if updates[0].vector.ndim == 1 else -1
-        accepted: list[ClientUpdate] = []
-        rejected: list[int] = []
-        for update in updates:
-            try:
-                check_vector(update.vector, size, what=f"update of client {update.client_id}")
-                if not (math.isfinite(update.weight) and update.weight > 0):
-                    raise NonFiniteError(f"weight of client {update.client_id} must be finite and > 0")
-            except (ShapeMismatchError, NonFiniteError):
-                rejected.append(update.client_id)
-                continue
-            accepted.append(update)
-        if len(accepted) < self.min_clients:
-            raise TooFewClientsError(len(accepted), self.min_clients)
+        accepted, rejected, _ = screen_updates(updates, self.min_clients)
         rows = np.stack([u.vector for u in accepted]).astype(np.float64)
         if purpose == "statistics":
             # Feature statistics are the honest set-up's weighted moments, not updates to vote on.

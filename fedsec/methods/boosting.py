@@ -8,7 +8,6 @@ order first selected, with counts, and the final linear slopes).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -55,21 +54,14 @@ class BoostingRun:
 def prepare_boosting(config: ExperimentConfig) -> BoostingRun:
     """Load the data and build the protocol (ConfigError for what shows only with the data)."""
     from fedsec.experiment import build_protocol
+    from fedsec.methods.linear import load_data
 
     rng = np.random.default_rng(config.seed)
     d = config.data
-    try:
-        data = fl_core.load_federated(
-            d.dataset, n_clients=d.clients, partition=d.partition, test_fraction=d.test_fraction,
-            rng=rng, alpha=d.alpha, shards_per_client=d.shards_per_client, synthetic_setup=d.setup,
-            synthetic_samples=d.samples, synthetic_features=d.features)
-    except fl_core.InvalidParameterError as error:
-        raise ConfigError("data", str(error)) from None
+    data = load_data(config, rng)
     if data.n_classes != 2:
         raise ConfigError("data.dataset", f"boosting fits binary labels; {d.dataset} has "
                                           f"{data.n_classes} classes")
-    if not d.standardize:
-        data = dataclasses.replace(data, standardize=False)
     return BoostingRun(config, data, build_protocol(config, data, rng), boosting_spec(config))
 
 
