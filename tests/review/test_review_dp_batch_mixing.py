@@ -7,7 +7,8 @@ batch statistic computed functionally (``F.batch_norm(..., training=True)``, ``x
 passes and stays on the fast path. Adding one record then changes every other example's clipped
 gradient: the clipped sum moves by far more than C, so the Gaussian noise sigma C covers a
 fraction of the real sensitivity and the ledger's epsilon is wrong. The control model without the
-batch statistic stays within C.
+batch statistic stays within C (passes). The same happens through ``Federation(loss=...)`` with a
+per-example loss that depends on the batch (``_check_loss`` checks only the shape).
 """
 
 import pytest
@@ -56,3 +57,33 @@ def test_one_added_record_moves_the_clipped_sum_by_at_most_c(mix):
     assert moved <= C + 1e-5, (
         f"one added record moves the clipped gradient sum by {moved:.2f} > C = {C} "
         f"({clipper.mode} path): the noise sigma*C is calibrated to the wrong sensitivity")
+
+
+def test_a_loss_that_mixes_the_batch_is_refused_by_the_library_or_stays_within_c():
+    """The same through ``Federation(loss=...)``: a per-example loss that is centred on the batch
+    (shape [batch], so ``_check_loss`` accepts it) gives the clipped sum a sensitivity above C."""
+    import numpy as np
+
+    import fedsec
+
+    def centred(out, y):  # each example's loss weighted by the batch's mean loss
+        losses = F.cross_entropy(out, y, reduction="none")
+        return losses * losses.mean().detach()
+
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(20, 4)).astype(np.float32), rng.integers(0, 2, 20))
+               for _ in range(3)]
+    model = nn.Linear(4, 2)
+    try:
+        fedsec.Federation(model=model, clients=clients, test=clients[0], secure=None,
+                          loss=centred, dp=fedsec.DP(mode="dpsgd", noise_multiplier=1.0))
+    except ValueError:
+        return  # refused: defended
+    torch.manual_seed(0)
+    clipper = PerExampleClipper(model, max_grad_norm=C)
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    without, _ = clipper.clipped_sum(x, y, centred)
+    with_, _ = clipper.clipped_sum(torch.cat([x, torch.full((1, 4), 30.0)]),
+                                   torch.cat([y, torch.tensor([1])]), centred)
+    moved = float(torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(with_, without))))
+    assert moved <= C + 1e-5, f"one added record moves the clipped sum by {moved:.2f} > C = {C}"
