@@ -10,7 +10,10 @@ GPT-2-style output heads), from a forward hook, or through a parametrization. Ea
   both return a clipped sum that is not the clipped per-example gradient, silently.
 - FINDING (expected to FAIL today): a layer run twice while another trainable layer is unused
   crashes with a bare KeyError instead of taking the exact path.
-- Parametrizations (weight-norm style): checked against the naive loop (passes = defended, or
+- FINDING (expected to FAIL today): old-style ``nn.utils.weight_norm`` (a pre-hook computes the
+  weight) and a tie assigned by a forward pre-hook pass ``check_model``, take the fast path, and
+  crash with a bare KeyError (a federated DP-SGD run on such a model dies with it).
+- Parametrizations (``torch.nn.utils.parametrize``): checked against the naive loop (passes = defended, or
   refused with a typed error).
 """
 
@@ -107,6 +110,28 @@ def _parametrized():
     return model
 
 
+def _weight_norm():
+    """Old-style weight norm: a forward pre-hook computes `weight` from weight_g and weight_v."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return nn.Sequential(nn.utils.weight_norm(nn.Linear(6, 6)), nn.Tanh(), nn.Linear(6, 3))
+
+
+class HookAssignedTie(nn.Module):
+    """A forward pre-hook ties `second` to `first` at run time (weight-tying through hooks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.head = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.second.register_forward_pre_hook(
+            lambda module, inputs: setattr(module, "weight", self.first.weight))
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))))
+
+
 def _inputs(model):
     torch.manual_seed(2)
     if isinstance(model, GPT2StyleTie):
@@ -115,7 +140,7 @@ def _inputs(model):
 
 
 @pytest.mark.parametrize("build", [FunctionalLinearTie, HookTie, GPT2StyleTie, TwiceAndUnused,
-                                   _parametrized])
+                                   _parametrized, _weight_norm, HookAssignedTie])
 def test_shared_weights_are_clipped_exactly_or_refused(build):
     torch.manual_seed(1)
     model = build()
