@@ -10,6 +10,7 @@ trigger it at S = 10.
 """
 
 import numpy as np
+import pytest
 
 from dp import SecureRandom
 from fl_core.aggregation import ClientUpdate
@@ -19,8 +20,14 @@ from protocols.privacy import ClientLevelDP
 S = 10.0
 
 
-def _round(first: np.ndarray) -> float:
-    inner = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), clip=S, active=False)
+def _round(first: np.ndarray, layer_name: str = "masking") -> float:
+    if layer_name == "masking":
+        inner = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), clip=S, active=False)
+    else:
+        from protocols.paillier import PaillierAggregation
+
+        inner = PaillierAggregation(max_weight=1, rng=np.random.default_rng(0), clip=S,
+                                    threshold=2, key_bits=512, allow_insecure_key=True)
     layer = ClientLevelDP(inner, clip_norm=S, noise_multiplier=1.0,
                           random=SecureRandom.from_seed(0, "review"))
     rng = np.random.default_rng(1)
@@ -29,9 +36,11 @@ def _round(first: np.ndarray) -> float:
     return layer.aggregate(1, updates).metrics["clipped"]
 
 
-def test_the_clipped_counter_does_not_depend_on_one_clients_update():
+@pytest.mark.parametrize("layer_name", ["masking", "paillier"])
+def test_the_clipped_counter_does_not_depend_on_one_clients_update(layer_name):
     one_hot = np.zeros(6, np.float32)
     one_hot[2] = np.float32(275.00873)
     neighbour = np.zeros(6, np.float32)  # zero-out
-    assert _round(neighbour) == 0
-    assert _round(one_hot) == 0, "the clipped count reveals that client 0's update is one-hot"
+    assert _round(neighbour, layer_name) == 0
+    assert _round(one_hot, layer_name) == 0, (
+        f"{layer_name}: the clipped count reveals that client 0's update is one-hot")
