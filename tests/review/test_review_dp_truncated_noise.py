@@ -9,7 +9,7 @@ p under the other, so delta >= p at every epsilon. At sigma = 0.1 (accepted by t
 ``fedsec.DP``; the ledger then claims a finite epsilon at delta = 1e-5) p is about 0.92 per round.
 At sigma = 0.3 it is ~8e-8 per step, which exceeds delta = 1e-5 after ~130 unsampled steps.
 
-The audit below plays central client-level DP (``ClientLevelDP`` around ``PlainAggregation``,
+(`test_the_noise_support_is_bounded` passes: it is the premise.) The audit below plays central client-level DP (``ClientLevelDP`` around ``PlainAggregation``,
 the project's classes): one client whose clipped update is S e_0, or zero (its neighbour). It
 checks the claimed (epsilon, delta) on the event "coordinate 0 of the released sum > R z S".
 """
