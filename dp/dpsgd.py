@@ -25,7 +25,7 @@ from torch import nn
 
 from dp.errors import InvalidPrivacyParameterError
 from dp.noise import SecureRandom
-from dp.per_sample import LossFn, PerExampleClipper
+from dp.per_sample import PROBE_SIZE, LossFn, PerExampleClipper
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ class DPSGD:
         if n < 1:
             raise InvalidPrivacyParameterError("DP-SGD needs at least one example")
         clipper = self.clipper(model)
+        if not clipper.probed and n >= 2:  # once: independence and the exact-path check
+            clipper.probe(x[:PROBE_SIZE], y[:PROBE_SIZE], loss_fn)
         model.train()
         q = self.sample_rate(n)
         expected = float(self.batch_size) if self.fixed_rate is not None else q * n

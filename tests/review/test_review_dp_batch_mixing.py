@@ -47,11 +47,13 @@ def test_one_added_record_moves_the_clipped_sum_by_at_most_c(mix):
     try:
         check_model(model)
         clipper = PerExampleClipper(model, max_grad_norm=C)
-    except DPError:
-        return  # refused: defended
-    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+        without, _ = clipper.clipped_sum(x, y, _loss)
+    except DPError as error:
+        assert mix, f"the control model (no batch statistic) was refused: {error}"
+        assert "not independent" in str(error)
+        return  # refused by the independence probe: defended
     canary_x, canary_y = torch.full((1, 4), 30.0), torch.tensor([1])
-    without, _ = clipper.clipped_sum(x, y, _loss)
     with_, _ = clipper.clipped_sum(torch.cat([x, canary_x]), torch.cat([y, canary_y]), _loss)
     moved = float(torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(with_, without))))
     assert moved <= C + 1e-5, (
