@@ -190,9 +190,11 @@ class PerExampleClipper:
                 alone = [self.model(x[i:i + 1]) for i in range(x.shape[0])]
                 alone_losses = torch.cat([loss_fn(o, y[i:i + 1]).reshape(-1)
                                           for i, o in enumerate(alone)])
-            except (RuntimeError, IndexError, KeyError, TypeError) as error:
+            except (RuntimeError, IndexError, KeyError, TypeError, ValueError) as error:
                 raise UnsupportedModelError(
-                    f"DP-SGD cannot train this model: it fails on a single example ({error})") from None
+                    "DP-SGD cannot train this model: it fails on a single example, so the "
+                    f"examples of a batch are not independent ({type(error).__name__}: {error})"
+                ) from None
         checks = [("per-example loss", losses.reshape(-1), alone_losses)]
         if isinstance(out, torch.Tensor) and all(isinstance(o, torch.Tensor) for o in alone):
             checks.insert(0, ("output", out.reshape(x.shape[0], -1),
@@ -210,9 +212,9 @@ class PerExampleClipper:
         """Per-example gradients [batch, *shape] for each parameter, one example at a time."""
         try:
             per = [self._one_grad(x[i:i + 1], y[i:i + 1], loss_fn)[0] for i in range(x.shape[0])]
-        except (RuntimeError, IndexError, KeyError, TypeError) as error:
-            raise UnsupportedModelError(
-                f"DP-SGD cannot train this model: its per-example gradient fails ({error})") from None
+        except (RuntimeError, IndexError, KeyError, TypeError, ValueError) as error:
+            raise UnsupportedModelError("DP-SGD cannot train this model: its per-example gradient "
+                                        f"fails ({type(error).__name__}: {error})") from None
         return [torch.stack(g) for g in zip(*per, strict=True)]
 
     def _one_grad(self, x, y, loss_fn) -> tuple[list[torch.Tensor], float]:
