@@ -1,14 +1,11 @@
-"""Review r10: per-example sensitivity for a model that mixes the examples of a batch.
+"""Per-example sensitivity needs independent examples: a model or loss that mixes the batch is refused.
 
-FINDING (expected to FAIL today). DP-SGD's bound "one record moves the clipped sum by at most C"
-needs every example's loss to depend on that example alone. ``check_model`` (Opacus'
-``ModuleValidator``) refuses BatchNorm *modules*, but the library API takes any ``nn.Module``, and a
-batch statistic computed functionally (``F.batch_norm(..., training=True)``, ``x - x.mean(0)``)
-passes and stays on the fast path. Adding one record then changes every other example's clipped
-gradient: the clipped sum moves by far more than C, so the Gaussian noise sigma C covers a
-fraction of the real sensitivity and the ledger's epsilon is wrong. The control model without the
-batch statistic stays within C (passes). The same happens through ``Federation(loss=...)`` with a
-per-example loss that depends on the batch (``_check_loss`` checks only the shape).
+DP-SGD's bound "one record moves the clipped sum by at most C" needs every example's loss to
+depend on that example alone. Opacus' validator refuses BatchNorm modules, but a batch statistic
+computed functionally (``F.batch_norm(..., training=True)``) or a per-example loss weighted by
+a batch mean passes it. The independence probe of ``PerExampleClipper`` (run before the first
+clipped sum, and by ``Federation`` at construction) refuses both with a typed error; the control
+model without the statistic is accepted and stays within C.
 """
 
 import pytest
@@ -61,9 +58,10 @@ def test_one_added_record_moves_the_clipped_sum_by_at_most_c(mix):
         f"({clipper.mode} path): the noise sigma*C is calibrated to the wrong sensitivity")
 
 
-def test_a_loss_that_mixes_the_batch_is_refused_by_the_library_or_stays_within_c():
-    """The same through ``Federation(loss=...)``: a per-example loss that is centred on the batch
-    (shape [batch], so ``_check_loss`` accepts it) gives the clipped sum a sensitivity above C."""
+def test_a_loss_that_mixes_the_batch_is_refused_by_the_library_and_the_clipper():
+    """The same through ``Federation(loss=...)``: a per-example loss weighted by the batch's mean
+    loss (shape [batch], so the shape check accepts it) gives the clipped sum a sensitivity above
+    C; the Federation refuses it at construction, the clipper before its first clipped sum."""
     import numpy as np
 
     import fedsec
@@ -76,16 +74,22 @@ def test_a_loss_that_mixes_the_batch_is_refused_by_the_library_or_stays_within_c
     clients = [(rng.normal(size=(20, 4)).astype(np.float32), rng.integers(0, 2, 20))
                for _ in range(3)]
     model = nn.Linear(4, 2)
-    try:
+    with pytest.raises(ValueError, match="loss: .*not independent"):
         fedsec.Federation(model=model, clients=clients, test=clients[0], secure=None,
                           loss=centred, dp=fedsec.DP(mode="dpsgd", noise_multiplier=1.0))
-    except ValueError:
-        return  # refused: defended
+    fedsec.Federation(model=model, clients=clients, test=clients[0], secure=None,  # the control
+                      loss=_loss, dp=fedsec.DP(mode="dpsgd", noise_multiplier=1.0))
+    with pytest.raises(DPError, match="not independent"):
+        PerExampleClipper(model, max_grad_norm=C).clipped_sum(
+            torch.randn(32, 4), torch.randint(0, 2, (32,)), centred)
+
+
+def test_dropout_modules_do_not_trip_the_probe():
+    """nn.Dropout is switched off for the probe (its masks differ between a batch and one example
+    by design, not by mixing); the model is then trained with dropout on."""
     torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2))
     clipper = PerExampleClipper(model, max_grad_norm=C)
-    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
-    without, _ = clipper.clipped_sum(x, y, centred)
-    with_, _ = clipper.clipped_sum(torch.cat([x, torch.full((1, 4), 30.0)]),
-                                   torch.cat([y, torch.tensor([1])]), centred)
-    moved = float(torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(with_, without))))
-    assert moved <= C + 1e-5, f"one added record moves the clipped sum by {moved:.2f} > C = {C}"
+    grads, _ = clipper.clipped_sum(torch.randn(16, 4), torch.randint(0, 2, (16,)), _loss)
+    assert clipper.mode == "fast" and model[1].training
+    assert float(torch.sqrt(sum((g ** 2).sum() for g in grads))) <= 16 * C + 1e-4

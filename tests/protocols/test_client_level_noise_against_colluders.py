@@ -1,14 +1,13 @@
-"""Review r10: distributed client-level noise against the colluders the secure layer tolerates.
+"""Distributed client-level noise against the colluders the secure layer tolerates.
 
-PASSES (held, empirically; not by construction). Each client adds a Skellam share of variance
-mu / t. Colluders (``secure.corrupt``, default 0.1 of the clients) know their own shares, so the
-noise that protects an honest client from a server-plus-colluders coalition is
-(survivors - c) mu / t, which the "by construction" bound of docs/privacy.md does not consider
-(the page scopes coalitions out, and ``not_covered`` does not mention them). A sum released with
-exactly t survivors would carry only (t - c) / t mu (0.83 mu at 10 clients). The adversary below
-plays dropouts at the lowest threshold the clients accept, semi-honest and authenticated modes:
-every sum released held at least t + c contributions, so the coalition still faces >= mu. A
-provisioned share (mu / (t - c), as Agarwal et al. 2021) would make it hold by construction.
+Held empirically, not by construction. Each client adds a Skellam share of variance mu / t.
+Colluders (``secure.corrupt``, default 0.1 of the clients) know their own shares, so the noise
+that protects an honest client from a server-plus-colluders coalition is (survivors - c) mu / t.
+A sum released with exactly t survivors would carry only (t - c) / t mu (0.83 mu at 10 clients).
+The adversary below plays dropouts at the lowest threshold the clients accept, semi-honest and
+authenticated modes: every sum released held at least t + c contributions, so the coalition still
+faces >= mu. A provisioned share (mu / (t - c), as Agarwal et al. 2021) would make it hold by
+construction (docs/privacy.md says so).
 """
 
 import numpy as np

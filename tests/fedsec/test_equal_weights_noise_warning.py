@@ -1,10 +1,8 @@
-"""Review r10: summary.json's ``warnings`` under ``dp.weights = "equal"`` (sizes covered).
+"""summary.json's noise warning under ``dp.weights = "equal"`` (sizes covered) uses public constants.
 
-FINDING, low (expected to FAIL today). The pre-flight "hopeless noise" warning is written to
-summary.json (``warnings``) with its noise-to-signal ratio to 3 significant digits. The ratio is
-computed from the mean client size (sum n_k / K: the local batch and the steps per round) even
-when a fixed sample rate makes the run's steps and batch constants, so under "sizes covered" one
-added record changes a released number. It should use what the run uses (q, B, round(1 / q)).
+The pre-flight "hopeless noise" warning is written to summary.json with its noise-to-signal ratio.
+Under a fixed sample rate it is computed from q, B and round(1 / q) (the run's constants), not
+from the mean client size, so one added record does not change a released number.
 """
 
 import dataclasses
@@ -15,10 +13,10 @@ import fl_core
 from fedsec.config import make_config
 from fedsec.experiment import _check_budget, build_experiment
 
-EQUAL = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 200.0,
+EQUAL = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 5000.0,
          "dp.target_epsilon": 0.0, "dp.weights": "equal", "dp.sample_rate": 0.5,
          "train.batch_size": 1000, "data.dataset": "synthetic",
-         "data.samples": 120, "data.clients": 4, "rounds": 1}
+         "data.samples": 120, "data.clients": 4, "rounds": 1, "data.standardize": False}
 
 
 def test_the_released_warning_does_not_depend_on_the_sizes():

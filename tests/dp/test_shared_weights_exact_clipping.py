@@ -1,20 +1,12 @@
-"""Review r10: weight sharing that the tied-weights check does not see.
+"""Weight sharing the structural check does not see is clipped exactly (or refused with a typed error).
 
-The fix detects a parameter held by two modules and a module run twice. A parameter can also be
-shared by using it *functionally* (``F.linear(h, self.layer.weight)``, ``h @ self.emb.weight.T``:
-GPT-2-style output heads), from a forward hook, or through a parametrization. Each test compares
-``PerExampleClipper.clipped_sum`` with the naive loop (one example at a time: gradient, clip, sum).
-
-- FINDING (expected to FAIL today): functional reuse of a Linear's weight stays on the fast path,
-  and functional reuse of an Embedding's weight goes to Opacus, which also only sees module calls;
-  both return a clipped sum that is not the clipped per-example gradient, silently.
-- FINDING (expected to FAIL today): a layer run twice while another trainable layer is unused
-  crashes with a bare KeyError instead of taking the exact path.
-- FINDING (expected to FAIL today): old-style ``nn.utils.weight_norm`` (a pre-hook computes the
-  weight) and a tie assigned by a forward pre-hook pass ``check_model``, take the fast path, and
-  crash with a bare KeyError (a federated DP-SGD run on such a model dies with it).
-- Parametrizations (``torch.nn.utils.parametrize``): checked against the naive loop (passes = defended, or
-  refused with a typed error).
+A parameter can be shared functionally (``F.linear(h, self.layer.weight)``, GPT-2-style
+``h @ self.emb.weight.T``), from a forward hook, through a parametrization, by old-style
+``weight_norm`` (a pre-hook computes the weight), or assigned by a pre-hook; a layer may run
+twice while another is unused. Each test compares ``PerExampleClipper.clipped_sum`` with the naive
+loop (one example at a time: gradient, clip, sum): the probe picks a path only if it agrees with
+the exact per-example gradients, and falls back to the exact path otherwise; a model whose
+parameters change when it runs is refused (``UnsupportedModelError``).
 """
 
 import pytest

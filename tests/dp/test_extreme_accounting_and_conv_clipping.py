@@ -1,4 +1,4 @@
-"""Review r10: attacks that HELD (these tests pass).
+"""Accountants at extreme regimes, and the Conv2d fast path against the naive computation.
 
 - Accountants at extreme regimes (q = 1 with sigma 0.3 or 0.5, q near 1, large delta, tiny delta):
   pld, prv and rdp never report below dp-accounting's pessimistic PLD at discretisation 1e-4

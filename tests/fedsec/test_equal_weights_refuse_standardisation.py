@@ -1,27 +1,28 @@
-"""Review r10: ``dp.weights = "equal"`` (sizes covered) with the default ``data.standardize = true``.
+"""``dp.weights = "equal"`` (sizes covered) refuses ``data.standardize = true``.
 
-FINDING (expected to FAIL today). Equal weights are claimed to make everything a client sends
-independent of its size n_k. The canary tests of that claim turn standardisation off and record
-only ``purpose="update"``. With the default (standardize on), every client sends its feature
-statistics with weight n_k at set-up: in the clear under plain aggregation (and Σ n_k decoded
-under masking). One added record changes that weight deterministically, and ``not_covered``
-names the statistics (mean and spread) but not the sizes; ``unit_definition`` still says
-"sizes covered".
+Standardisation sends every client's feature statistics with weight n_k at set-up (in the clear
+under plain aggregation, summed under masking), so one added record changes a released weight
+deterministically, which "sizes covered" promises it does not. The configuration refuses the
+combination (ConfigError on data.standardize); with standardisation off, nothing the server
+receives depends on the sizes outside the mechanism.
 """
 
 import dataclasses
 
 import numpy as np
+import pytest
 
 import fl_core
 from fedsec.config import make_config
+from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment
 from fedsec.privacy import build_privacy
 from fl_core.aggregation import AggregationProtocol
 
 EQUAL = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 1.0,
          "dp.target_epsilon": 0.0, "dp.weights": "equal", "dp.sample_rate": 0.05,
-         "data.partition": "unbalanced", "dp.reproducible": True, "rounds": 1, "train.lr": 1e-3}
+         "data.partition": "unbalanced", "dp.reproducible": True, "rounds": 1, "train.lr": 1e-3,
+         "data.standardize": False}
 
 
 class AllRecorder(AggregationProtocol):
@@ -50,15 +51,19 @@ def _view(add: bool):
     return recorder.seen, experiment
 
 
-def test_equal_weights_hide_sizes_with_standardisation_on_or_say_so():
+def test_equal_weights_refuse_standardisation():
+    with pytest.raises(ConfigError, match="^data.standardize: dp.weights = 'equal'") as error:
+        make_config({**EQUAL, "data.standardize": True})
+    assert error.value.key == "data.standardize"
+    make_config({**EQUAL, "dp.weights": "samples", "data.standardize": True})  # sizes public: fine
+
+
+def test_with_standardisation_off_the_server_receives_no_size():
     before, experiment = _view(False)
     after, _ = _view(True)
-    assert experiment.data.standardize  # the default
     privacy = experiment.privacy
     assert "sizes covered" in privacy.unit_definition
-    named = any("size" in entry for entry in privacy.not_covered)
-    stats = [w for purpose, w in before if purpose == "statistics"]
-    stats_after = [w for purpose, w in after if purpose == "statistics"]
-    assert named or stats == stats_after, (
-        f"under equal weights the server receives the clients' sizes at set-up: {stats[0]} -> "
-        f"{stats_after[0]} when client 0 gains a record; not_covered: {privacy.not_covered}")
+    assert not any(purpose == "statistics" for purpose, _ in before + after)
+    weights = [w for _, seen in before + after for _, w in seen]
+    assert weights and set(weights) == {1.0}  # every update carries weight 1, with or without
+    assert not any("size" in entry for entry in privacy.not_covered)
