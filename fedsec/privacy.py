@@ -129,9 +129,14 @@ def _random(s: PrivacySettings, purpose: str) -> SecureRandom:
 
 def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
                   protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
-    """The privacy layer the configuration asks for, with the noise calibrated if needed."""
+    """The privacy layer the configuration asks for, with the noise calibrated if needed.
+
+    The global test split of ``breast_cancer`` and ``digits`` is held out before the records are
+    partitioned: no client holds it. ``synthetic`` pools a share of every client's own draws into
+    it, so there the test metrics are computed on held-out records of the clients (named)."""
     return build_privacy_layer(PrivacySettings.from_config(config), data, protocol, n_parameters,
-                               secure=config.secure.aggregation != "none")
+                               secure=config.secure.aggregation != "none",
+                               client_test=config.data.dataset == "synthetic")
 
 
 def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDataset,

@@ -53,3 +53,18 @@ def test_the_split_default_is_named_and_a_caller_owned_test_set_is_not():
     assert CLIENT_TEST in split.not_covered
     owned = _run(0.1, test=tests[1])  # one (x, y) test set held by the caller
     assert CLIENT_TEST not in owned.not_covered
+
+
+def test_the_cli_names_it_for_synthetic_data_only():
+    """synthetic pools a share of each client's own draws into the global test split; the other
+    data sets hold the test split out before partitioning, so no client holds it."""
+    from fedsec.config import make_config
+    from fedsec.experiment import build_experiment
+
+    base = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 1.0,
+            "dp.target_epsilon": 0.0, "rounds": 1, "data.standardize": False}
+    synthetic = build_experiment(make_config({**base, "data.dataset": "synthetic",
+                                              "data.samples": 120, "data.clients": 4}))
+    assert CLIENT_TEST in synthetic.privacy.not_covered
+    held_out = build_experiment(make_config({**base, "data.dataset": "breast_cancer"}))
+    assert CLIENT_TEST not in held_out.privacy.not_covered
