@@ -221,7 +221,7 @@ class PerExampleClipper:
         loss = loss_fn(self.model(x), y).sum()
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params,
-                                                                         strict=True)], float(loss)
+                                                                         strict=True)], float(loss.detach())
 
     def _pick_mode(self, x, y, loss_fn, exact: list[torch.Tensor]) -> str:
         norms = torch.stack([g.flatten(1).norm(dim=1) for g in exact], 1).norm(dim=1)
