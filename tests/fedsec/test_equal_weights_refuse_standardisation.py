@@ -10,6 +10,7 @@ receives depends on the sizes outside the mechanism.
 import dataclasses
 
 import numpy as np
+import torch
 import pytest
 
 import fl_core
@@ -67,3 +68,17 @@ def test_with_standardisation_off_the_server_receives_no_size():
     weights = [w for _, seen in before + after for _, w in seen]
     assert weights and set(weights) == {1.0}  # every update carries weight 1, with or without
     assert not any("size" in entry for entry in privacy.not_covered)
+
+
+def test_the_library_refuses_standardisation_with_equal_weighting_under_dp():
+    import fedsec
+
+    rng = np.random.default_rng(0)
+    clients = [(rng.normal(size=(20, 3)).astype(np.float32), rng.integers(0, 2, 20))
+               for _ in range(3)]
+    dp = fedsec.DP(mode="dpsgd", noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="^standardize: "):
+        fedsec.Federation(model=torch.nn.Linear(3, 2), clients=clients, secure=None, dp=dp,
+                          standardize=True, weighting="uniform")
+    fedsec.Federation(model=torch.nn.Linear(3, 2), clients=clients, secure=None, dp=dp,
+                      standardize=False, weighting="uniform")
