@@ -110,7 +110,7 @@ class SecureConfig:
 class DPConfig:
     mode: str = _opt("dpsgd", "one of none, dpsgd (example-level), client (client-level)",
                      choices=("none", "dpsgd", "client"))
-    noise_multiplier: float = _opt(0.0, "a number >= 0 (0 = calibrated from target_epsilon)",
+    noise_multiplier: float = _opt(0.0, "0 (calibrated from target_epsilon) or a number >= 0.5",
                                    lambda v: v >= 0)
     max_grad_norm: float = _opt(1.0, "a number > 0 (L2 clip: per example for dpsgd, per client "
                                      "update for client)", _positive)

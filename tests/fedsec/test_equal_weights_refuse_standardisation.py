@@ -17,7 +17,6 @@ import fl_core
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment
-from fedsec.privacy import build_privacy
 from fl_core.aggregation import AggregationProtocol
 
 EQUAL = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 1.0,
