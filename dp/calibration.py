@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from dp.accountants import check_delta, check_target, epsilon
 from dp.errors import InvalidPrivacyParameterError
+from dp.noise import MIN_NOISE_MULTIPLIER
 
 MAX_NOISE = 1e6
 
@@ -53,4 +54,4 @@ def noise_multiplier_for(*, target_epsilon: float, delta: float, sample_rates: l
         return max(epsilon(noise_multiplier=sigma, sample_rate=q, steps=t, delta=delta,
                            mechanism=mechanism) for q, t in parties)
 
-    return smallest_noise(worst, target_epsilon)
+    return smallest_noise(worst, target_epsilon, low=MIN_NOISE_MULTIPLIER)

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from dp.errors import InvalidPrivacyParameterError
-from dp.noise import SecureRandom
-from dp.per_sample import LossFn, PerExampleClipper
+from dp.noise import MIN_NOISE_MULTIPLIER, SecureRandom
+from dp.per_sample import PROBE_SIZE, LossFn, PerExampleClipper
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class DPSGD:
     """Differentially private SGD.
 
     Args:
-        noise_multiplier: sigma >= 0 (noise std / C); 0 clips without noise (not private).
+        noise_multiplier: sigma = 0 (clips without noise: not private) or >= 0.5 (noise std / C;
+            below, the truncated sampler breaks the guarantee: ``dp.noise.MIN_NOISE_MULTIPLIER``).
         max_grad_norm: C > 0.
         batch_size: expected batch size B >= 1 (q = min(1, B / n)).
         epochs: passes over the data, >= 1.
@@ -55,8 +56,11 @@ class DPSGD:
     def __init__(self, *, noise_multiplier: float, max_grad_norm: float, batch_size: int,
                  epochs: int = 1, lr: float = 0.1, random: SecureRandom | None = None,
                  sample_rate: float | None = None) -> None:
-        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-            raise InvalidPrivacyParameterError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if not (math.isfinite(noise_multiplier) and (noise_multiplier == 0
+                                                     or noise_multiplier >= MIN_NOISE_MULTIPLIER)):
+            raise InvalidPrivacyParameterError(
+                f"noise_multiplier must be 0 (no noise, not private) or >= {MIN_NOISE_MULTIPLIER} "
+                f"(the sampler is truncated at 8.57 sigma), got {noise_multiplier}")
         if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
             raise InvalidPrivacyParameterError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if batch_size < 1 or epochs < 1 or not lr > 0:
@@ -92,6 +96,8 @@ class DPSGD:
         if n < 1:
             raise InvalidPrivacyParameterError("DP-SGD needs at least one example")
         clipper = self.clipper(model)
+        if not clipper.probed and n >= 2:  # once: independence and the exact-path check
+            clipper.probe(x[:PROBE_SIZE], y[:PROBE_SIZE], loss_fn)
         model.train()
         q = self.sample_rate(n)
         expected = float(self.batch_size) if self.fixed_rate is not None else q * n

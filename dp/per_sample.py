@@ -20,6 +20,27 @@ Opacus path, which accumulates each parameter's per-sample gradient over every m
 Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode),
 after Opacus' ``ModuleValidator`` has refused what DP-SGD cannot train (batch normalisation and
 the like) with its own message.
+
+The structure alone does not prove a path right: a weight can also be used functionally
+(``F.linear(h, layer.weight)``, ``h @ emb.weight.T``), from a hook, or be assigned by a pre-hook,
+which neither the fast path nor Opacus sees. So before the first clipped sum, on a probe batch
+(the first examples the clipper is given, at most ``PROBE_SIZE``), the clipper
+
+1. checks that the model and the loss treat the examples independently: in train mode (dropout
+   modules switched off for the probe), each example's output and per-example loss must equal
+   those of that example alone (relative tolerance ``PROBE_RTOL``); otherwise
+   :class:`~dp.errors.UnsupportedModelError` (a batch statistic such as a functional
+   ``batch_norm``, or a loss weighted by a batch mean, gives one record a sensitivity above C);
+2. computes the exact per-example gradients, one example at a time, and keeps the first path
+   among fast, Opacus, ``torch.func`` (``vmap(grad(functional_call))``) whose clipped sums
+   equal the exact ones at C and at a bound that clips every probe example; if none does, or one
+   raises, the exact per-example loop itself is the path. A path that fails later (a layer run
+   twice, an error) falls back to the exact path, never a bare crash; a model that even the
+   loop cannot differentiate is refused with :class:`~dp.errors.UnsupportedModelError`.
+
+The probe guards against mistakes, not against an adversarial model: a model may behave one way
+on the probe batch and another way later (e.g. by counting its calls), which no finite probe
+detects. Buffers are restored after the probe.
 """
 
 from __future__ import annotations
@@ -32,6 +53,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from dp.errors import UnsupportedModelError
+
+PROBE_SIZE = 8
+"""Examples in the probe batch (the first ones the clipper is given)."""
+PROBE_RTOL = 1e-5
+"""Relative tolerance of the independence probe (outputs and losses; float32 reductions differ
+by a few ulps between a batch and a single example)."""
+_GRAD_RTOL = 1e-4
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(outputs, targets) -> one loss per example."""
@@ -75,7 +103,8 @@ class PerExampleClipper:
     """Computes clipped gradient sums for one model.
 
     Args:
-        model: the model; checked with :func:`check_model`.
+        model: the model; checked with :func:`check_model`, then probed on the first batch
+            (module docstring).
         max_grad_norm: C > 0, the per-example L2 bound.
     """
 
@@ -85,8 +114,11 @@ class PerExampleClipper:
             raise UnsupportedModelError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         self.model, self.max_grad_norm = model, float(max_grad_norm)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise UnsupportedModelError("the model has no trainable parameter")
         self.layers = _fast_layers(model)
         self.mode = "fast" if self.layers is not None else "opacus"
+        self.probed = False
         self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         self._capturing = False
         if self.layers is not None:
@@ -95,19 +127,174 @@ class PerExampleClipper:
 
     def _record(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if torch.is_grad_enabled() and self._capturing:
-            self._records.append((module, inputs[0].detach(), output))
+            self._records.append((module, inputs[0].detach() if inputs else None, output))
 
     def clipped_sum(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
                     ) -> tuple[list[torch.Tensor], float]:
         """(sum_i clip(grad_i) for each trainable parameter, summed loss) over the batch."""
         if x.shape[0] == 0:
             return [torch.zeros_like(p) for p in self.params], 0.0
-        if self.mode == "fast":
-            result = self._fast(x, y, loss_fn)
-            if result is not None:
-                return result
-            self.mode = "opacus"  # a layer was used twice: tied weights need true per-example sums
-        return self._opacus(x, y, loss_fn)
+        if not self.probed:
+            if x.shape[0] < 2:
+                return self._loop(x, y, loss_fn)  # exact; the probe waits for two examples
+            self.probe(x[:PROBE_SIZE], y[:PROBE_SIZE], loss_fn)
+        path = {"fast": self._fast, "opacus": self._opacus, "vmap": self._vmap,
+                "loop": self._loop}[self.mode]
+        try:
+            result = path(x, y, loss_fn)
+        except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as error:
+            if isinstance(error, UnsupportedModelError) or self.mode == "loop":
+                raise
+            result = None
+        if result is None:  # e.g. a layer ran twice on this batch: take the exact path from now on
+            self._drop_opacus()
+            self.mode = "loop"
+            result = self._loop(x, y, loss_fn)
+        return result
+
+    def probe(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn) -> str:
+        """Check independence and pick the path on the probe batch ``x``, ``y`` (>= 2 examples);
+        returns the path (``fast``, ``opacus``, ``vmap`` or ``loop``)."""
+        if x.shape[0] < 2:
+            raise UnsupportedModelError("the per-example probe needs at least two examples")
+        dropouts = [m for m in self.model.modules()
+                    if isinstance(m, nn.modules.dropout._DropoutNd) and m.training]
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        was_training = self.model.training
+        self.model.train()
+        for m in dropouts:
+            m.eval()
+        try:
+            self._check_independent(x, y, loss_fn)
+            if [id(p) for p in self.model.parameters() if p.requires_grad] != [id(p) for p in self.params]:
+                raise UnsupportedModelError(
+                    "DP-SGD cannot train this model: its trainable parameters change when it runs "
+                    "(a hook assigns a parameter); tie the weights before training")
+            exact = self._exact_grads(x, y, loss_fn)
+            self.mode = self._pick_mode(x, y, loss_fn, exact)
+        finally:
+            for m in dropouts:
+                m.train()
+            self.model.train(was_training)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+        self.probed = True
+        return self.mode
+
+    def _check_independent(self, x, y, loss_fn) -> None:
+        with torch.no_grad():
+            try:
+                out = self.model(x)
+                losses = loss_fn(out, y)
+                alone = [self.model(x[i:i + 1]) for i in range(x.shape[0])]
+                alone_losses = torch.cat([loss_fn(o, y[i:i + 1]).reshape(-1)
+                                          for i, o in enumerate(alone)])
+            except (RuntimeError, IndexError, KeyError, TypeError, ValueError) as error:
+                raise UnsupportedModelError(
+                    "DP-SGD cannot train this model: it fails on a single example, so the "
+                    f"examples of a batch are not independent ({type(error).__name__}: {error})"
+                ) from None
+        checks = [("per-example loss", losses.reshape(-1), alone_losses)]
+        if isinstance(out, torch.Tensor) and all(isinstance(o, torch.Tensor) for o in alone):
+            checks.insert(0, ("output", out.reshape(x.shape[0], -1),
+                              torch.cat([o.reshape(1, -1) for o in alone])))
+        for what, batched, single in checks:
+            if batched.shape != single.shape or not _close(batched, single, PROBE_RTOL):
+                raise UnsupportedModelError(
+                    f"DP-SGD cannot train this model with this loss: an example's {what} in a batch "
+                    "differs from its value alone, so the examples are not independent (a batch "
+                    "statistic such as a functional batch_norm, a loss weighted by a batch "
+                    "mean, or randomness outside nn.Dropout), and one record could move the "
+                    "clipped sum by more than C")
+
+    def _exact_grads(self, x, y, loss_fn) -> list[torch.Tensor]:
+        """Per-example gradients [batch, *shape] for each parameter, one example at a time."""
+        try:
+            per = [self._one_grad(x[i:i + 1], y[i:i + 1], loss_fn)[0] for i in range(x.shape[0])]
+        except (RuntimeError, IndexError, KeyError, TypeError, ValueError) as error:
+            raise UnsupportedModelError("DP-SGD cannot train this model: its per-example gradient "
+                                        f"fails ({type(error).__name__}: {error})") from None
+        return [torch.stack(g) for g in zip(*per, strict=True)]
+
+    def _one_grad(self, x, y, loss_fn) -> tuple[list[torch.Tensor], float]:
+        loss = loss_fn(self.model(x), y).sum()
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params,
+                                                                         strict=True)], float(loss.detach())
+
+    def _pick_mode(self, x, y, loss_fn, exact: list[torch.Tensor]) -> str:
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in exact], 1).norm(dim=1)
+        small = float(norms.min()) / 2
+        bounds = [self.max_grad_norm] + ([small] if small > 0 else [])
+        candidates = (["fast"] if self.layers is not None else ["opacus"]) + ["vmap"]
+        for mode in candidates:
+            if self._agrees(mode, x, y, loss_fn, exact, norms, bounds):
+                return mode
+            self._drop_opacus()
+        return "loop"
+
+    def _agrees(self, mode, x, y, loss_fn, exact, norms, bounds) -> bool:
+        keep = self.max_grad_norm
+        path = {"fast": self._fast, "opacus": self._opacus, "vmap": self._vmap}[mode]
+        try:
+            for bound in bounds:
+                self.max_grad_norm = bound
+                got = path(x, y, loss_fn)
+                if got is None:
+                    return False
+                scale = (bound / (norms + 1e-12)).clamp(max=1.0)
+                want = [torch.einsum("b,b...->...", scale, g) for g in exact]
+                if not all(_close(g, w, _GRAD_RTOL) for g, w in zip(got[0], want, strict=True)):
+                    return False
+            return True
+        except (RuntimeError, IndexError, KeyError, TypeError, ValueError):
+            return False
+        finally:
+            self.max_grad_norm = keep
+            for p in self.params:
+                p.grad = None
+                if hasattr(p, "grad_sample"):
+                    p.grad_sample = None
+
+    def _drop_opacus(self) -> None:
+        wrapped = self.__dict__.pop("_wrapped", None)
+        if wrapped is not None:
+            wrapped.remove_hooks()
+
+    def _loop(self, x, y, loss_fn):
+        """The exact path: each example's gradient on its own, clipped, summed."""
+        total = [torch.zeros_like(p) for p in self.params]
+        loss_sum = 0.0
+        for i in range(x.shape[0]):
+            grads, loss = self._one_grad(x[i:i + 1], y[i:i + 1], loss_fn)
+            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+            scale = min(1.0, self.max_grad_norm / (float(norm) + 1e-12))
+            torch._foreach_add_(total, grads, alpha=scale)
+            loss_sum += loss
+        return total, loss_sum
+
+    def _vmap(self, x, y, loss_fn):
+        """Exact per-example gradients with ``torch.func`` (vmap of grad over the examples)."""
+        from torch.func import functional_call, grad, vmap
+
+        named = dict(self.model.named_parameters())
+        names = [n for n, p in named.items() if p.requires_grad]
+        fixed = {n: p.detach() for n, p in named.items() if not p.requires_grad}
+        fixed.update(dict(self.model.named_buffers()))
+
+        def one(params, xi, yi):
+            out = functional_call(self.model, {**params, **fixed}, (xi.unsqueeze(0),))
+            loss = loss_fn(out, yi.unsqueeze(0)).sum()
+            return loss, loss.detach()
+
+        params = {n: named[n].detach() for n in names}
+        grads, losses = vmap(grad(one, has_aux=True), in_dims=(None, 0, 0),
+                             randomness="different")(params, x, y)
+        samples = [grads[n] for n in names]
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in samples], dim=1).norm(dim=1)
+        scale = (self.max_grad_norm / (norms + 1e-12)).clamp(max=1.0)
+        return [torch.einsum("b,b...->...", scale, g) for g in samples], float(losses.sum())
 
     def _fast(self, x, y, loss_fn):
         self._records.clear()
@@ -117,8 +304,9 @@ class PerExampleClipper:
         finally:
             self._capturing = False
         records = self._records
-        if len(records) != len(self.layers) or any(
-                isinstance(m, nn.Linear) and a.dim() != 2 for m, a, _ in records):
+        if len(records) != len(self.layers) or {id(m) for m, _, _ in records} != {
+                id(m) for m in self.layers} or any(
+                a is None or (isinstance(m, nn.Linear) and a.dim() != 2) for m, a, _ in records):
             return None  # a layer ran twice (tied weights) or saw a sequence
         total = losses.sum()
         grads_out = torch.autograd.grad(total, [out for _, _, out in records])
@@ -178,3 +366,9 @@ class PerExampleClipper:
         for p in self.params:
             p.grad, p.grad_sample = None, None
         return out, float(losses.detach().sum())
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> bool:
+    """Equal up to ``rtol`` relative to the larger magnitude of ``want`` (and at least 1e-7)."""
+    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1e-2)
+    return bool(torch.allclose(got, want, rtol=rtol, atol=rtol * scale))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.errors import ConfigError
 
 
@@ -109,7 +110,7 @@ class SecureConfig:
 class DPConfig:
     mode: str = _opt("dpsgd", "one of none, dpsgd (example-level), client (client-level)",
                      choices=("none", "dpsgd", "client"))
-    noise_multiplier: float = _opt(0.0, "a number >= 0 (0 = calibrated from target_epsilon)",
+    noise_multiplier: float = _opt(0.0, "0 (calibrated from target_epsilon) or a number >= 0.5",
                                    lambda v: v >= 0)
     max_grad_norm: float = _opt(1.0, "a number > 0 (L2 clip: per example for dpsgd, per client "
                                      "update for client)", _positive)
@@ -612,6 +613,15 @@ def _check_privacy(config: ExperimentConfig) -> None:
     if dp.mode == "dpsgd" and dp.weights == "equal" and dp.sample_rate == 0:
         raise ConfigError("dp.sample_rate", "dp.weights = 'equal' needs a fixed rate in (0, 1]: "
                                             "B / n_k would give every client's size away")
+    if dp.mode == "dpsgd" and dp.weights == "equal" and config.data.standardize:
+        raise ConfigError("data.standardize", "dp.weights = 'equal' covers the clients' sizes, but "
+                                              "standardisation sends each client's statistics with "
+                                              "weight n_k: set data.standardize = false")
+    if 0 < dp.noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise ConfigError("dp.noise_multiplier", f"must be 0 (calibrated) or >= "
+                                                 f"{MIN_NOISE_MULTIPLIER:g}: the Gaussian sampler is "
+                                                 "truncated at 8.57 standard deviations, which a "
+                                                 "smaller noise makes a privacy failure")
     if dp.mode == "client":
         from fl_core.server import clients_per_round
 

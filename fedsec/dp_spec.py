@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dp import ACCOUNTANTS
+from dp.noise import MIN_NOISE_MULTIPLIER
 
 DP_MODES = ("dpsgd", "client")
 
@@ -24,7 +25,8 @@ class DP:
             (then ``noise_multiplier`` is required and epsilon is only reported).
         delta: in (0, 1), e.g. well below 1 / (records of the largest client).
         max_grad_norm: L2 clip C > 0: per example (dpsgd) or per client update (client).
-        noise_multiplier: sigma > 0, fixed noise (noise std / C); None = calibrated.
+        noise_multiplier: sigma >= 0.5, fixed noise (noise std / C); None = calibrated (never
+            below 0.5).
         accountant: ``pld``, ``prv`` or ``rdp``.
         reproducible: draw noise from the seed (experiments only: not private against whoever
             knows the seed).
@@ -48,9 +50,11 @@ class DP:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
         if not _positive(self.max_grad_norm):
             raise ValueError(f"max_grad_norm must be a finite number > 0, got {self.max_grad_norm!r}")
-        if self.noise_multiplier is not None and not _positive(self.noise_multiplier):
-            raise ValueError(f"noise_multiplier must be a finite number > 0 or None, "
-                             f"got {self.noise_multiplier!r}")
+        if self.noise_multiplier is not None and not (
+                _positive(self.noise_multiplier) and self.noise_multiplier >= MIN_NOISE_MULTIPLIER):
+            raise ValueError(f"noise_multiplier must be a finite number >= {MIN_NOISE_MULTIPLIER} "
+                             f"(the Gaussian sampler is truncated at 8.57 standard deviations) or "
+                             f"None, got {self.noise_multiplier!r}")
         if self.target_epsilon is None and self.noise_multiplier is None:
             raise ValueError("target_epsilon: give target_epsilon (noise calibrated to spend it), "
                              "noise_multiplier, or both")

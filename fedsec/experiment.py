@@ -151,12 +151,15 @@ def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, priv
                                                  f"{p.target_epsilon:g} (delta {p.delta:g}); raise it, "
                                                  f"or set it to 0 to calibrate")
     m = fl_core.clients_per_round(t.fraction, data.n_clients)
-    n = sum(len(c) for c in data.clients) / data.n_clients
-    batch = t.batch_size if t.batch_size and t.batch_size < n else n
+    if p.mode == "dpsgd" and p.sample_rate > 0:  # public constants only: the sizes stay covered
+        batch, steps = float(t.batch_size), t.local_epochs * max(1, round(1 / p.sample_rate))
+    else:
+        n = sum(len(c) for c in data.clients) / data.n_clients
+        batch = t.batch_size if t.batch_size and t.batch_size < n else n
+        steps = t.local_epochs * math.ceil(n / batch)
     ratio = noise_to_signal(mode=p.mode, noise_multiplier=privacy.noise_multiplier,
                             n_parameters=n_parameters, clients_per_round=m, rounds=config.rounds,
-                            batch_size=batch,
-                            local_steps=t.local_epochs * math.ceil(n / batch))
+                            batch_size=batch, local_steps=steps)
     warning = hopeless_noise_warning(ratio, noise_multiplier=privacy.noise_multiplier)
     return [warning] if warning else []
 

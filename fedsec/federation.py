@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import fl_core
+from dp.errors import BudgetExhaustedError
 from fedsec.client_data import model_classes, to_dataset
 from fedsec.dp_spec import DP
 from fedsec.experiment import make_protocol
@@ -211,6 +212,10 @@ class Federation:
             raise ValueError(f"dp must be a fedsec.DP or None, got {type(dp).__name__}")
         if not isinstance(standardize, bool) or not isinstance(progress, bool):
             raise ValueError("standardize and progress must be True or False")
+        if dp is not None and standardize and weighting == "uniform":
+            raise ValueError("standardize: the statistics pass sends each client's size n_k as its "
+                             "weight, which equal weighting under DP is meant to hide; use "
+                             "standardize=False")
         self.algorithm, self.weighting, self.buffers, self.dp = algorithm, weighting, buffers, dp
         self.standardize, self.progress = standardize, progress
         self.callbacks = list(callbacks)
@@ -230,6 +235,8 @@ class Federation:
             federate_buffers(copy.deepcopy(model), policy=buffers)
         except ValueError as error:
             raise ValueError(f"buffers: {error}") from None
+        self.client_test = test is None or isinstance(test, list)
+        self._ran = False
         self._load_data(clients, test, label)
         self.evaluator = Evaluator(loss=self.loss, metrics=self.evaluator_metrics,
                                    groups=self.test_groups)
@@ -376,6 +383,8 @@ class Federation:
                 check_model(self.model)
             except ValueError as error:
                 raise ValueError(f"dp: {error}") from None
+            self._refuse_buffers()
+            self._probe_examples(dp.max_grad_norm)
         else:
             if self.fraction < 1.0:
                 raise ValueError("fraction: client-level DP is accounted with every client in "
@@ -385,6 +394,35 @@ class Federation:
                 raise ValueError(f"secure_options: clip must be >= dp.max_grad_norm = "
                                  f"{dp.max_grad_norm} (the coordinate range must hold a clipped "
                                  f"update); got {clip}")
+
+    def _refuse_buffers(self) -> None:
+        """DP-SGD noises the trainable parameters only: a float buffer would be released raw."""
+        for name, module in self.model.named_modules():
+            own = [b for b, value in module._buffers.items()
+                   if value is not None and value.is_floating_point()]
+            if own:
+                raise ValueError(
+                    f"buffers: module {name or type(module).__name__!r} "
+                    f"({type(module).__name__}) holds float buffers {own}; DP-SGD noises only "
+                    "trainable parameters, so federated buffers would be released without noise: "
+                    "use a model without them (GroupNorm or LayerNorm, track_running_stats=False) "
+                    "or client-level DP, whose noise covers the whole update")
+
+    def _probe_examples(self, max_grad_norm: float) -> None:
+        """Run DP-SGD's per-example probe (independence, exact gradients) once, on a copy of the
+        model and the clients' first examples, so a model or loss that mixes the batch is refused
+        here rather than in round 1."""
+        from dp.per_sample import PROBE_SIZE, PerExampleClipper
+
+        xs = np.concatenate([c.x[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]
+        ys = np.concatenate([c.y[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]
+        if len(xs) < 2:
+            return
+        try:
+            PerExampleClipper(copy.deepcopy(self.model), max_grad_norm=max_grad_norm).probe(
+                torch.from_numpy(xs), torch.from_numpy(ys), self.loss)
+        except ValueError as error:
+            raise ValueError(f"loss: {error}") from None
 
     def _settings(self) -> PrivacySettings:
         dp = self.dp
@@ -398,6 +436,12 @@ class Federation:
 
     def run(self) -> FederationResult:
         """Train for ``rounds`` rounds (or until a stop condition) and return the result."""
+        if self.dp is not None and self._ran:
+            raise BudgetExhaustedError(
+                "run: this Federation already released a model of these clients' records under "
+                "its privacy budget; one budget per Federation: build a new Federation and account "
+                "for both runs yourself (their epsilons compose)")
+        self._ran = self.dp is not None
         rng = np.random.default_rng(self.seed)
         model = copy.deepcopy(self.model)
         federate_buffers(model, policy=self.buffers)
@@ -408,7 +452,8 @@ class Federation:
         if self.dp is not None:
             privacy = build_privacy_layer(self._settings(), self.data, protocol, n_parameters,
                                           loss=self.loss, standardize_off="standardize=False",
-                                          secure=self.secure not in (None, "none"))
+                                          secure=hasattr(protocol, "min_contributions"),
+                                          client_test=self.client_test)
             assert privacy is not None
             trainer = privacy.trainer or trainer
             protocol = privacy.protocol or protocol

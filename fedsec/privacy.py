@@ -18,11 +18,13 @@ Every value a client sends, per mode (docs/privacy.md has the full table):
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import fl_core
 from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
 from dp.ledger import with_steps
+from dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.config import ExperimentConfig
 from fl_core.local import PerExampleLoss
 from protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
@@ -74,6 +76,11 @@ FAILURES = ("failures: a client whose local model is not finite leaves the round
             "dropped), without noise; under DP-SGD every step is bounded (clipped gradients plus "
             "finite noise), so only non-finite data or overflow can cause it (under client-level "
             "DP such a client sends a zero update instead, which the noise covers)")
+CLIENT_TEST = ("evaluation metrics computed on held-out records of the clients are released "
+               "without noise (the loss, accuracy and per-client metrics of every round)")
+REPRODUCIBLE = ("the DP noise itself: dp.reproducible = true derives it from the seed, which "
+                "config.toml publishes, so whoever knows the seed can subtract it and epsilon "
+                "holds only against those who do not")
 WEIGHT_BOUND = ("the secure layer's public weight bound max_weight, set to the largest client "
                 "size n_k (it sizes the words of the sum)")
 
@@ -122,27 +129,42 @@ def _random(s: PrivacySettings, purpose: str) -> SecureRandom:
 
 def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
                   protocol: fl_core.AggregationProtocol, n_parameters: int) -> PrivacySetup | None:
-    """The privacy layer the configuration asks for, with the noise calibrated if needed."""
+    """The privacy layer the configuration asks for, with the noise calibrated if needed.
+
+    The global test split of ``breast_cancer`` and ``digits`` is held out before the records are
+    partitioned: no client holds it. ``synthetic`` pools a share of every client's own draws into
+    it, so there the test metrics are computed on held-out records of the clients (named)."""
     return build_privacy_layer(PrivacySettings.from_config(config), data, protocol, n_parameters,
-                               secure=config.secure.aggregation != "none")
+                               secure=config.secure.aggregation != "none",
+                               client_test=config.data.dataset == "synthetic")
 
 
 def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDataset,
                         protocol: fl_core.AggregationProtocol, n_parameters: int, *,
                         loss: PerExampleLoss | None = None, secure: bool = True,
-                        standardize_off: str = "data.standardize = false") -> PrivacySetup | None:
+                        standardize_off: str = "data.standardize = false",
+                        client_test: bool = False) -> PrivacySetup | None:
     """The privacy layer ``settings`` ask for (None for mode ``none``); ``loss`` is DP-SGD's
     per-example loss (default: the classification loss); ``secure`` says whether a secure layer
-    (masking, Paillier) carries the updates; ``standardize_off`` is how the user turns feature
-    standardisation off, for the note that its statistics carry no noise."""
+    (masking, Paillier) carries the updates (without one, an aborted round is charged: the server
+    saw its updates); ``standardize_off`` is how the user turns feature standardisation off, for
+    the note that its statistics carry no noise; ``client_test`` says whether the test records
+    are held-out records of the clients (named in ``not_covered``)."""
     setup = _build(settings, data, protocol, n_parameters, loss)
     if setup is None:
         return None
     setup.withheld["train_loss"] = WITHHELD_LOSS
+    setup.budget.charge_aborted = not secure
+    if settings.reproducible:
+        setup.not_covered.append(REPRODUCIBLE)
+        _warn_reproducible()
+    if client_test:
+        setup.not_covered.append(CLIENT_TEST)
     if data.standardize:
         setup.not_covered.append("feature standardisation statistics (one release of the "
-                                 "federation's per-feature mean and spread, without noise; "
-                                 f"{standardize_off} avoids it)")
+                                 "federation's per-feature mean and spread, and of the clients' "
+                                 f"sizes n_k as their weights, without noise; {standardize_off} "
+                                 "avoids it)")
     if setup.unit == "example" and setup.weighting == "samples":
         setup.not_covered.append(SIZES)
     if secure:
@@ -151,6 +173,16 @@ def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDatase
     if not setup.zero_on_failure:
         setup.not_covered.append(FAILURES)
     return setup
+
+
+_warned: list[bool] = []
+
+
+def _warn_reproducible() -> None:
+    """Say once per process, on stderr, that reproducible noise is not secret."""
+    if not _warned:
+        _warned.append(True)
+        print(f"fedsec: warning: {REPRODUCIBLE}", file=sys.stderr)
 
 
 def _build(s: PrivacySettings, data: fl_core.FederatedDataset,
@@ -192,7 +224,8 @@ def _build(s: PrivacySettings, data: fl_core.FederatedDataset,
         sigma = (noise_multiplier_for(target_epsilon=s.target_epsilon, delta=s.delta,
                                       sample_rates=[1.0], steps=[s.rounds],
                                       mechanism=s.accountant)
-                 if probe_dp.central else smallest_noise(epsilon_of, s.target_epsilon))
+                 if probe_dp.central else smallest_noise(epsilon_of, s.target_epsilon,
+                                                         low=MIN_NOISE_MULTIPLIER))
     wrapped = ClientLevelDP(protocol, clip_norm=s.max_grad_norm, noise_multiplier=sigma,
                             random=_random(s, "client"))
     budget = PrivacyBudget(profiles=[wrapped.round_events(n_parameters)], delta=s.delta,

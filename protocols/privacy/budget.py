@@ -4,13 +4,17 @@ Each distinct cost profile (the events one round adds for a party) gets its own 
 the reported epsilon is the largest over profiles, i.e. the guarantee of the worst-off party.
 Every party is charged for every released round, whether or not it was sampled or stayed online
 (an upper bound; exact when every client takes part in every round). A round that aborted
-released nothing and costs nothing.
+under a secure layer (masking, Paillier) released nothing and costs nothing; without one
+(``charge_aborted``, set by ``build_privacy_layer(secure=False)``) the server saw every update of
+the aborted round in the clear, so the round is charged like a released one.
 
 Before round r the budget asks whether finishing r keeps epsilon <= target; if not, it stops
 the run there, so the last model is the last one within budget. After each released round it
 adds to the round's metrics: ``privacy_unit``, ``epsilon`` (the configured accountant),
 ``epsilon_rdp`` (the RDP cross-check), ``delta``, ``noise_multiplier``, ``sample_rate`` and
-``steps`` (of the worst-off party), and ``budget_remaining``.
+``steps`` (of the worst-off party), ``delta_truncation`` (the extra delta of the truncated
+Gaussian sampler over the charged steps, :func:`dp.noise.truncation_delta`: the guarantee is
+(epsilon, delta + delta_truncation)) and ``budget_remaining``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dp import Accountant
 from dp.errors import DPError
 from dp.ledger import Event, GaussianEvent
+from dp.noise import truncation_delta
 from fl_core.history import RoundObserver, RoundRecord
 from protocols.privacy.trainer import DPSGDTrainer
 
@@ -49,10 +54,13 @@ class PrivacyBudget(RoundObserver):
         unit: what one epsilon protects: ``example`` (one record of one client added or removed)
             or ``client`` (one client's update replaced by zero); see ``UNITS``.
         noise_multiplier: the noise multiplier reported with every round.
+        charge_aborted: charge a round that aborted (True when the protocol shows the server the
+            inputs: plain aggregation), or not (a secure layer releases nothing when it aborts).
     """
 
     def __init__(self, *, profiles: Sequence[Sequence[Event]], delta: float, target_epsilon: float,
-                 accountant: str, unit: str, noise_multiplier: float) -> None:
+                 accountant: str, unit: str, noise_multiplier: float,
+                 charge_aborted: bool = False) -> None:
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
         self.profiles = [tuple(p) for p in dict.fromkeys(tuple(p) for p in profiles)]
@@ -60,6 +68,7 @@ class PrivacyBudget(RoundObserver):
         self.cross_check = Accountant("rdp")  # reads the same ledgers
         self.delta, self.target, self.unit = delta, target_epsilon, unit
         self.noise_multiplier = noise_multiplier
+        self.charge_aborted = bool(charge_aborted)
         self.spent = 0.0
         self.stopped: str | None = None
         self.trainer: DPSGDTrainer | None = None
@@ -115,7 +124,7 @@ class PrivacyBudget(RoundObserver):
 
     def after_round(self, record: RoundRecord) -> None:
         self._check_reports()
-        if record.status == "ok":
+        if record.status == "ok" or self.charge_aborted:
             for a, profile in zip(self.accountants, self.profiles, strict=True):
                 for event in profile:
                     a.record(event)
@@ -131,6 +140,8 @@ class PrivacyBudget(RoundObserver):
             "noise_multiplier": self.noise_multiplier,
             "sample_rate": max((getattr(e, "sample_rate", 1.0) for e in events), default=0.0),
             "steps": float(sum(e.steps for e in events)),
+            "delta_truncation": truncation_delta(
+                self.noise_multiplier, sum(e.steps for e in events if isinstance(e, GaussianEvent))),
         })
         if self.target > 0:
             record.metrics["budget_remaining"] = max(self.target - self.spent, 0.0)

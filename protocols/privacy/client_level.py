@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dp import SecureRandom
+from dp.noise import MIN_NOISE_MULTIPLIER
 from dp.ledger import Event, GaussianEvent, SkellamEvent
 from fl_core.aggregation import (
     AggregateResult,
@@ -79,7 +80,7 @@ class ClientLevelDP(AggregationProtocol):
         inner: the protocol that sums: ``PlainAggregation`` (central noise) or one with a
             ``client_noise`` hook and ``min_contributions`` (masking, Paillier: distributed noise).
         clip_norm: S > 0; the inner protocol's coordinate clip must be at least S.
-        noise_multiplier: z > 0 (noise std / sensitivity).
+        noise_multiplier: z >= 0.5 (noise std / sensitivity; ``dp.noise.MIN_NOISE_MULTIPLIER``).
         random: the noise source.
 
     Clients report no training metric (``client_metrics`` is empty): under client-level DP the
@@ -92,8 +93,10 @@ class ClientLevelDP(AggregationProtocol):
                  random: SecureRandom) -> None:
         if not (math.isfinite(clip_norm) and clip_norm > 0):
             raise InvalidParameterError(f"clip_norm must be > 0, got {clip_norm}")
-        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-            raise InvalidParameterError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        if not (math.isfinite(noise_multiplier) and noise_multiplier >= MIN_NOISE_MULTIPLIER):
+            raise InvalidParameterError(
+                f"noise_multiplier must be >= {MIN_NOISE_MULTIPLIER} (the Gaussian sampler is "
+                f"truncated at 8.57 standard deviations), got {noise_multiplier}")
         self.inner, self.clip_norm, self.noise_multiplier = inner, float(clip_norm), noise_multiplier
         self.random = random
         self.central = isinstance(inner, PlainAggregation)
@@ -148,8 +151,14 @@ class ClientLevelDP(AggregationProtocol):
 def _clip(vector: np.ndarray, bound: float) -> np.ndarray:
     if not isinstance(vector, np.ndarray) or not np.isfinite(vector).all():
         return vector  # the inner protocol rejects it and says so
-    norm = float(np.linalg.norm(vector.astype(np.float64)))
-    return (vector * min(1.0, bound / norm)).astype(np.float32) if norm > 0 else vector
+    wide = vector.astype(np.float64)
+    norm = float(np.linalg.norm(wide))
+    if norm <= 0:
+        return vector
+    if norm <= bound:
+        return vector.astype(np.float32)
+    # scaled in float64 just below S, so that float32 rounding cannot lift the norm above S
+    return (wide * (bound / norm * (1 - 2.0**-20))).astype(np.float32)
 
 
 def _with_sum(result: AggregateResult, weighted_sum: np.ndarray) -> AggregateResult:
