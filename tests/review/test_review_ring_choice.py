@@ -1,20 +1,23 @@
-"""Review r9 -- FINDING (fails today): the server chooses the ring, and every client derives c from it.
+"""Review r9 -- FINDING, high (fails today): the server picks the ring a client sees; c follows it.
 
 A client's colluder bound is c = floor(corrupt * n) with n = len(ring), and the ring is whatever
-the server puts in the session parameters (any subset of the directory of long-term keys; the
-client only checks ``ring <= directory``). fedsec samples a fraction of the clients each round, and
-a deployment's directory holds every client, so the colluders are a fraction of the *population*,
-not of the ring the server picks. The server puts a victim, two colluders and one honest client in
-a ring of four: every client computes c = floor(0.1 * 4) = 0, accepts t = 2, and the two
-colluders alone hold t shares of every secret of the victim. The honest round completes with no
-abort and the server reads the victim's exact encoded input.
+the server puts in *that client's* session parameters: any subset of the directory of long-term
+keys (the client only checks ``ring <= directory``). Nothing ties it to the round's real size.
 
-Population: 20 clients in the directory, corrupt fraction 0.1 (the default), so the adversary the
-docs allow for the population is floor(0.1 * 20) = 2 colluders. The docs' model counts c per ring
-("up to c = floor(gamma n) clients", n = the ring); a client cannot tell a ring the server built
-around its victim from a sampled one. Fix direction: compute c from the directory (the population
-the corrupt fraction refers to), i.e. refuse rings where c_population colluders could hold t shares,
-or bound the ring from below in ClientPolicy.
+Round of 20 clients (the directory: the ids of this round, as ``MaskedAggregation`` builds it),
+default corrupt fraction 0.1, so the docs allow floor(0.1 * 20) = 2 colluders. The server sends
+the victim, the two colluders and one honest client parameters naming a ring of just those four
+(the other 16 get the real parameters, or nothing: the signatures bind the parameters, so the two
+groups never meet -- the docs' "n, and so q, is the same for all of them" holds only *within* a
+group). In the 4-ring every client computes c = floor(0.4) = 0, accepts t = 2 and q = 3, and the
+two colluders alone hold t shares of every secret of the victim (seed and mask key). The round
+completes with no abort and the server reads the victim's exact encoded input, with an honest
+client present. The same holds with a population-wide directory and per-round sampling (fedsec
+samples a fraction C of the clients each round, chosen by the server).
+
+Fix direction: the client must derive c (and so t and q) from something the server cannot shrink
+-- the directory / the round's announced population -- e.g. c = floor(corrupt * len(directory)),
+or refuse a ring smaller than the population it was told to expect.
 """
 
 import numpy as np
