@@ -39,7 +39,7 @@ def test_a_million_member_sparse_ring_costs_a_client_little():
     and t is the default client's floor for k = 40 (34 for corrupt = 0.1 at n = 10^6)."""
     ring = tuple(range(10, 10 + N))
     me, session, k = ring[N - 3], os.urandom(16), 40
-    t = minimum_threshold(N, k, ClientPolicy().corrupt, active=True)
+    t = minimum_threshold(N, k, ClientPolicy().corrupt, active=True, population=N)
     assert t <= k
     p = ring.index(me)
     neighbours = [ring[(p + o) % N] for o in (*range(1, k // 2 + 1), *range(-(k // 2), 0))]
@@ -87,7 +87,7 @@ def test_a_million_member_complete_ring_builds_no_per_member_structure():
     signing_key = SigningKey.generate()
     client = _client(ring, me, session, directory=dict.fromkeys(ring, signing_key.public),
                      signing_key=signing_key)
-    assert minimum_threshold(N, N - 1, ClientPolicy().corrupt, active=True) > N // 2 + 1
+    assert minimum_threshold(N, N - 1, ClientPolicy().corrupt, active=True, population=N) > N // 2 + 1
     params = m.encode(m.Header(0, session, 1, m.SERVER, me),
                       m.SessionParams(ring, N - 1, N // 2 + 1, 4, 1.0, 12, N, 100, 4, True))
     tracemalloc.start()
