@@ -1,4 +1,4 @@
-"""Review r9 -- DEFENDED (passes today): my own searching liar, wider than the project's.
+"""A searching liar with two colluders and free unmask views never reads an input (from review r9).
 
 Beyond ``tests/protocols/test_searching_adversary.py`` (one colluder, views derived from one list):
 - TWO colluders (the most the clients' policy allows: corrupt fraction 0.25 at n = 8..11, or 0.2 at

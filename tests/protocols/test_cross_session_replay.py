@@ -1,4 +1,4 @@
-"""Review r9 -- DEFENDED (passes today): signed artefacts replayed across sessions and rounds.
+"""Signed artefacts replayed across sessions and rounds are refused (from review r9).
 
 The same clients (same long-term identities, ids, ring, degree and threshold) take part in two
 sessions, or two rounds of one session. The lying server keeps everything signed in the first one
