@@ -416,7 +416,8 @@ class MaskedServer:
                                  encoder.bits, encoder.max_clients, encoder.max_weight,
                                  encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
-                             survivor_quorum(n, corrupt, population=population) if active else 0, m.params_digest(params))
+                             survivor_quorum(n, corrupt, population=population) if active else 0,
+                             m.params_digest(params))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 

@@ -114,8 +114,8 @@ def test_random_lost_bundles_never_release_a_wrong_sum(n, graph, seed, data):
     for c, message in out.items():
         if c in gone:
             continue
-        message = tampered(message, m.ForwardedShares,
-                           lambda b, c=c: m.ForwardedShares(tuple(x for x in b.sealed if x[0] not in lost[c])))
+        keep = lambda b, c=c: m.ForwardedShares(tuple(x for x in b.sealed if x[0] not in lost[c]))  # noqa: E731
+        message = tampered(message, m.ForwardedShares, keep)
         try:
             s.server.receive(c, s.clients[c].handle(message))
         except ClientAbort:
