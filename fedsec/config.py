@@ -98,8 +98,9 @@ class SecureConfig:
                      lambda v: 1 <= v <= 32)
     active: bool = _opt(True, "true or false (true: authenticated, against a lying server; false: "
                               "semi-honest opt-in, only for a server that follows the protocol)")
-    corrupt: float = _opt(0.1, "a number in [0, 1) (fraction of clients assumed to collude with the "
-                               "server; sets the clients' threshold floor)", lambda v: 0 <= v < 1)
+    corrupt: float = _opt(0.1, "a number in [0, 1) (fraction of all data.clients assumed to collude "
+                               "with the server, whoever is sampled; sets the clients' threshold "
+                               "floor and quorum)", lambda v: 0 <= v < 1)
     key_bits: int = _opt(2048, "2048 or 3072 (Paillier modulus bits)", choices=(2048, 3072))
     custody: str = _opt("key_holder", "one of key_holder, threshold (who can decrypt a Paillier sum)",
                         choices=("key_holder", "threshold"))
