@@ -122,7 +122,7 @@ def main() -> None:
     upload = float(np.mean([transport.uploaded[c] for c in survivors]))
     emit({
         "clients": args.clients, "params": args.params, "graph": args.graph, "active": active,
-        "quorum": survivor_quorum(args.clients, 0.1) if active else 0,
+        "quorum": survivor_quorum(args.clients, 0.1, population=args.clients) if active else 0,
         "dropout": args.dropout, "dropout_stage": args.dropout_stage,
         "client_s_mean": round(float(np.mean(times)), 4), "client_s_max": round(float(np.max(times)), 4),
         "server_s": round(trace.server_seconds, 4), "degree": chosen.degree, "threshold": chosen.threshold,

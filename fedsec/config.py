@@ -99,8 +99,9 @@ class SecureConfig:
                      lambda v: 1 <= v <= 32)
     active: bool = _opt(True, "true or false (true: authenticated, against a lying server; false: "
                               "semi-honest opt-in, only for a server that follows the protocol)")
-    corrupt: float = _opt(0.1, "a number in [0, 1) (fraction of clients assumed to collude with the "
-                               "server; sets the clients' threshold floor)", lambda v: 0 <= v < 1)
+    corrupt: float = _opt(0.1, "a number in [0, 1) (fraction of all data.clients assumed to collude "
+                               "with the server, whoever is sampled; sets the clients' threshold "
+                               "floor and quorum)", lambda v: 0 <= v < 1)
     key_bits: int = _opt(2048, "2048 or 3072 (Paillier modulus bits)", choices=(2048, 3072))
     custody: str = _opt("key_holder", "one of key_holder, threshold (who can decrypt a Paillier sum)",
                         choices=("key_holder", "threshold"))
@@ -392,8 +393,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
             if secure.threshold > m - 1:
                 raise ConfigError("secure.threshold", f"must be <= clients a round - 1 = {m - 1}; "
                                                       f"got {secure.threshold}")
-            if secure.threshold:
-                _check_threshold(secure, m)
+            _check_threshold(secure, m, data.clients)
         elif secure.threshold > m:
             raise ConfigError("secure.threshold", f"must be <= clients a round = {m}; "
                                                   f"got {secure.threshold}")
@@ -639,24 +639,37 @@ def _require_defaults(secure: SecureConfig, keys: tuple[tuple[str, Any], ...], n
             raise ConfigError(f"secure.{key}", f"needs secure.aggregation = '{needs}'")
 
 
-def _check_threshold(secure: SecureConfig, clients_per_round: int) -> None:
-    """The configured threshold must lie in [floor, degree] for the graph the rule picks, where
-    floor is the smallest threshold every client accepts (the rule clients enforce themselves)."""
+def _check_threshold(secure: SecureConfig, clients_per_round: int, population: int) -> None:
+    """A safe threshold must exist for the rounds' size, and a configured one must lie in
+    [floor, degree] for the graph the rule picks, where floor is the smallest threshold every
+    client accepts (the rule clients enforce themselves: the corrupt fraction is taken of the
+    whole population ``population``, not of the clients a round)."""
     import numpy as np
 
+    from protocols.errors import ProtocolAbort
     from protocols.masked import MaskedAggregation
     from protocols.masked.policy import minimum_threshold
 
     protocol = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), graph=secure.graph,
                                  dropout=secure.dropout, active=secure.active,
-                                 tolerated_corrupt=secure.corrupt)
-    degree = protocol.parameters(clients_per_round)[0]
-    floor = minimum_threshold(clients_per_round, degree, secure.corrupt, active=secure.active)
+                                 tolerated_corrupt=secure.corrupt, population=population)
+    try:
+        degree = protocol.parameters(clients_per_round)[0]
+    except ProtocolAbort as abort:
+        raise ConfigError("secure.corrupt", f"no threshold is safe for {clients_per_round} clients a "
+                                            f"round when a fraction {secure.corrupt} of all {population} "
+                                            f"clients may collude ({abort}): sample more clients a "
+                                            f"round (train.fraction) or assume fewer colluders") from None
+    if not secure.threshold:
+        return
+    floor = minimum_threshold(clients_per_round, degree, secure.corrupt, active=secure.active,
+                              population=population)
     if not floor <= secure.threshold <= degree:
         mode = "authenticated" if secure.active else "semi-honest"
         raise ConfigError("secure.threshold", f"must be in [{floor}, {degree}] for the {secure.graph} "
                                               f"graph of {clients_per_round} clients (degree {degree}, "
-                                              f"{mode} mode, secure.corrupt = {secure.corrupt}: the "
+                                              f"{mode} mode, secure.corrupt = {secure.corrupt} of "
+                                              f"{population} clients: the "
                                               f"clients refuse less); got {secure.threshold}")
 
 

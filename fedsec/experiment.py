@@ -206,7 +206,7 @@ def make_protocol(
         return MaskedAggregation(
             max_weight=max_weight, rng=rng, clip=clip, bits=bits, graph=graph,
             threshold=threshold, dropout=dropout, active=active, reproducible=reproducible,
-            tolerated_corrupt=corrupt)
+            tolerated_corrupt=corrupt, population=n_clients)
     if aggregation == "paillier":
         from protocols.paillier import PaillierAggregation, default_threshold
 

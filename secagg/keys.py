@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from secagg.errors import CryptoError
+from secagg.errors import CryptoError, InvalidArgumentError
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -106,7 +106,13 @@ def derive_key(secret: bytes, *, purpose: bytes, context: bytes, length: int = K
 
 
 def context_bytes(session: bytes, round_index: int, *parties: int) -> bytes:
-    """Canonical context: session id, round and party ids, length-prefixed and fixed-width."""
+    """Canonical context: session id, round and party ids, length-prefixed and fixed-width.
+
+    At most 65,535 parties (a 16-bit count); more is an :class:`InvalidArgumentError`, never a
+    ``struct.error``. Longer lists (a survivor list) need their own statement with a wider count.
+    """
+    if len(session) > 0xFFFF or len(parties) > 0xFFFF:
+        raise InvalidArgumentError("a key-derivation context names at most 65,535 parties")
     return struct.pack(">H", len(session)) + session + struct.pack(
         f">QH{len(parties)}Q", round_index, len(parties), *parties)
 

@@ -9,8 +9,12 @@ with a bad id, a repeated id, a vector that is not a finite 1-D real array, a we
 an integer in [1, max_weight], or a length other than the common one is rejected: listed in
 ``dropped``, counted in ``metrics['rejected']`` and in :attr:`MaskedAggregation.last_rejected`
 with its reason; the round goes on with the others. A client the server removes during the round
-(e.g. for a small-order key) is recorded the same way. A round that cannot release the exact sum
-raises :class:`protocols.errors.ProtocolAbort`, never another exception.
+before its masked input is in the total (e.g. for a small-order key) is recorded the same way:
+``rejected`` counts only clients that are not in the sum. A survivor that misbehaves after its
+masked input is in the total (a malformed consistency signature or unmask answer, a share that
+does not match its commitment) cannot leave the sum: it stays in ``participants``, is counted in
+``metrics['misbehaved']`` and listed in :attr:`MaskedAggregation.last_misbehaved`. A round that
+cannot release the exact sum raises :class:`protocols.errors.ProtocolAbort`, never another exception.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from protocols.encoding import (
     validate_updates,
 )
 from protocols.errors import MalformedMessage, ProtocolAbort
+from protocols.masked.client import ClientPolicy
 from protocols.masked.graph import choose_parameters
 from protocols.masked.policy import minimum_threshold
 from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
@@ -56,7 +61,11 @@ class MaskedAggregation(AggregationProtocol):
             a stage drawn uniformly from keys/shares/masked input/unmask.
         tolerated_dropout: dropout fraction the graph rule provisions for (default: max(0.1, 2 x
             dropout), capped below 1).
-        tolerated_corrupt: fraction of clients assumed to collude with the server, in [0, 1).
+        tolerated_corrupt: fraction of the population assumed to collude with the server, in [0, 1).
+        population: the enrolled clients (the federation size), >= 3; the corrupt bound is
+            floor(tolerated_corrupt * population), capped by the round's size, whoever is sampled.
+            None: the valid clients of each call (right only when every client takes part in
+            every round).
         active: authenticated mode (default): signed keys, attestations and survivor list, against a
             lying server. False is the semi-honest opt-in (a server that follows the protocol).
         reproducible: draw the ring order from ``rng`` too, so identical runs give identical
@@ -69,7 +78,7 @@ class MaskedAggregation(AggregationProtocol):
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0, bits: int = 16,
                  graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
                  tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
-                 active: bool = True, reproducible: bool = False) -> None:
+                 active: bool = True, reproducible: bool = False, population: int | None = None) -> None:
         check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if graph not in ("complete", "harary"):
             raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
@@ -85,13 +94,21 @@ class MaskedAggregation(AggregationProtocol):
         if not 0 <= self.tolerated_dropout < 1:
             raise InvalidParameterError(f"tolerated_dropout must be in [0, 1), got {tolerated_dropout}")
         self.tolerated_corrupt = tolerated_corrupt
+        if population is not None and (isinstance(population, bool) or not isinstance(population, int)
+                                       or population < 3):
+            raise InvalidParameterError(f"population must be None or an integer >= 3, got {population!r}")
+        self.population = population
         self.rng = rng
         self.client_noise: ShiftedNoise | None = None
         """Shifted integer noise every client adds to its encoded update (client-level DP)."""
         self._identities: dict[int, SigningKey] = {}
         self.last_trace: RoundTrace | None = None
         self.last_rejected: list[Rejection] = []
-        """Updates refused at the seam and clients the server removed in the last call, with why."""
+        """Updates refused at the seam and clients the server removed in the last call, with why
+        (none of them is in the sum)."""
+        self.last_misbehaved: dict[int, str] = {}
+        """Survivors of the last call that misbehaved after their masked input was in the total
+        (they are in the sum), with why."""
 
     def min_contributions(self, n: int) -> int:
         """The fewest inputs a released sum over n sampled clients can hold (the threshold)."""
@@ -103,15 +120,25 @@ class MaskedAggregation(AggregationProtocol):
         if n < 3:
             raise ProtocolAbort(f"masking needs at least 3 valid clients (a threshold >= 2 of their "
                                 f"neighbours), got {n}")
+        population = self.population_for(n)
         chosen = choose_parameters(n, dropout=self.tolerated_dropout, corrupt=self.tolerated_corrupt,
-                                   graph=self.graph, active=self.active)
+                                   graph=self.graph, active=self.active, population=population)
         threshold = self.threshold or chosen.threshold
-        floor = minimum_threshold(n, chosen.degree, self.tolerated_corrupt, active=self.active)
+        floor = minimum_threshold(n, chosen.degree, self.tolerated_corrupt, active=self.active,
+                                  population=population)
         if not floor <= threshold <= chosen.degree:
             raise ProtocolAbort(f"threshold {threshold} is outside [{floor}, {chosen.degree}] for {n} "
                                 f"clients (the clients' floor for corrupt fraction "
-                                f"{self.tolerated_corrupt})")
+                                f"{self.tolerated_corrupt} of a population of {population})")
         return chosen.degree, threshold
+
+    def population_for(self, n: int) -> int:
+        """The population the corrupt fraction is taken of in a round of n valid clients."""
+        if self.population is None:
+            return n
+        if n > self.population:
+            raise ProtocolAbort(f"{n} clients in a round of a population of {self.population}")
+        return self.population
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
@@ -134,7 +161,11 @@ class MaskedAggregation(AggregationProtocol):
             rngs={c: np.random.default_rng(self.rng.integers(0, 2**63 - 1)) for c in ids},
             encoder=encoder, degree=degree, threshold=threshold, round_index=round_index,
             identities=identities, active=self.active, corrupt=self.tolerated_corrupt,
-            noise=noise.draw if noise else None, ring_rng=self.rng if self.reproducible else None)
+            population=self.population_for(n), noise=noise.draw if noise else None,
+            ring_rng=self.rng if self.reproducible else None,
+            policy=ClientPolicy(require_active=self.active, corrupt=self.tolerated_corrupt,
+                                population=self.population_for(n), clip=encoder.clip, bits=encoder.bits,
+                                min_word_slack=noise.slack if noise else 0))
         server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:
@@ -151,6 +182,7 @@ class MaskedAggregation(AggregationProtocol):
             raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
         finally:
             self.last_rejected = rejected + [Rejection(c, why) for c, why in server.rejected.items()]
+            self.last_misbehaved = server.misbehaved
         weighted, total_weight, clipped = encoder.decode(
             remove_offsets(total, len(survivors), noise))
         in_sum = set(survivors)
@@ -162,6 +194,7 @@ class MaskedAggregation(AggregationProtocol):
             dropped=tuple(dropped),
             upload_bytes=transport.upload_bytes,
             metrics={"clipped": float(clipped), "rejected": float(len(self.last_rejected)),
+                     "misbehaved": float(len(self.last_misbehaved)),
                      "client_aborts": float(len(self.last_trace.aborts)),
                      "secagg_degree": float(degree), "secagg_threshold": float(threshold)},
         )

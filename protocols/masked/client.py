@@ -73,23 +73,73 @@ class ClientPolicy:
     Attributes:
         require_active: refuse sessions not run in active (authenticated) mode. Default True;
             False is the semi-honest opt-in, safe only against a server that follows the protocol.
-        corrupt: fraction of the ring it assumes colludes with the server, in [0, 1). It fixes
-            c = floor(corrupt * n), the threshold floor and the survivor quorum it accepts
-            (:mod:`protocols.masked.policy`).
+        corrupt: fraction of the population it assumes colludes with the server, in [0, 1). With
+            the population size it fixes c_pop = floor(corrupt * population), hence the corrupt
+            bound c = min(c_pop, n - 1) for a ring of n, the threshold floor and the survivor
+            quorum it accepts (:mod:`protocols.masked.policy`). Never taken from the ring the
+            server sends, which the server chooses.
+        population: the number of enrolled clients, >= 1. Required when ``require_active`` is
+            False (a semi-honest session has no directory of identities to count); in active mode
+            the client uses the larger of this and the size of its directory of long-term keys. A
+            ring larger than the population is refused.
         max_length: largest vector length it accepts, bounding the memory a server can demand, >= 1.
+        max_degree: largest degree k (neighbours) it accepts, >= 2 (default 1024). Its Shamir
+            sharing costs O(t k) field operations, so this bounds its work per session; larger
+            federations use SecAgg+ (the Harary graph), whose degree grows like log n.
+        max_ring: largest ring (clients named in the session parameters) it accepts, >= 3
+            (default 2^20, the wire limit).
+        clip: if set, the only clip (> 0) it accepts from the server; its DP noise and the
+            server's decoding must agree on the scale.
+        bits: if set, the only quantisation bits (1..64) it accepts. A server that raises ``bits``
+            shrinks every client's integer DP noise relative to the signal: pin it when adding noise.
+        min_word_slack: the least word slack (headroom per word for its shifted noise) it accepts,
+            >= 0; set it to its noise's slack when adding noise.
     """
 
     require_active: bool = True
     corrupt: float = 0.1
+    population: int | None = None
     max_length: int = 1 << 28
+    max_degree: int = 1024
+    max_ring: int = 1 << 20
+    clip: float | None = None
+    bits: int | None = None
+    min_word_slack: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.require_active, bool):
             raise ValueError(f"require_active must be a bool, got {self.require_active!r}")
-        if not (isinstance(self.corrupt, int | float) and 0 <= self.corrupt < 1):
+        if (isinstance(self.corrupt, bool) or not isinstance(self.corrupt, int | float)
+                or not 0 <= self.corrupt < 1):
             raise ValueError(f"corrupt must be in [0, 1), got {self.corrupt!r}")
-        if not (isinstance(self.max_length, int) and self.max_length >= 1):
-            raise ValueError(f"max_length must be an integer >= 1, got {self.max_length!r}")
+        if self.population is None:
+            if not self.require_active:
+                raise ValueError("population is required when require_active is False (semi-honest "
+                                 "mode has no directory of identities to count)")
+        elif not _is_int(self.population) or self.population < 1:
+            raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
+        for name, low in (("max_length", 1), ("max_degree", 2), ("max_ring", 3), ("min_word_slack", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.clip is not None and (isinstance(self.clip, bool) or not isinstance(self.clip, int | float)
+                                      or not 0 < self.clip < float("inf")):
+            raise ValueError(f"clip must be None or a finite number > 0, got {self.clip!r}")
+        if self.bits is not None and (not _is_int(self.bits) or not 1 <= self.bits <= 64):
+            raise ValueError(f"bits must be None or an integer in [1, 64], got {self.bits!r}")
+
+    def population_for(self, directory_size: int) -> int:
+        """The population it counts corrupt clients in: its directory, or the size it was told."""
+        return max(directory_size, self.population or 0)
+
+    def refuses_encoding(self, clip: float, bits: int, word_slack: int) -> bool:
+        """True when the server's encoder parameters differ from the ones pinned here."""
+        return ((self.clip is not None and clip != self.clip) or (self.bits is not None and bits != self.bits)
+                or word_slack < self.min_word_slack)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -161,17 +211,29 @@ class _AwaitParams(_Stage):
     expects = m.SessionParams
 
     def handle(self, p: m.SessionParams) -> tuple[_Stage, bytes]:
-        ctx = self.ctx
+        ctx, policy = self.ctx, self.ctx.policy
+        n = len(p.ring)
+        # Bounds first, before any work that grows with the ring or the degree.
+        if (n > policy.max_ring or not 2 <= p.degree <= policy.max_degree or p.degree >= n
+                or p.threshold > p.degree or policy.refuses_encoding(p.clip, p.bits, p.word_slack)):
+            raise ClientAbort(UNSAFE_PARAMS)
+        if p.active:
+            population = policy.population_for(len(ctx.directory))
+        elif policy.population is not None:
+            population = policy.population
+        else:
+            raise ClientAbort(UNSAFE_PARAMS)  # semi-honest, and no population to count c in
+        if n > population:
+            raise ClientAbort(UNSAFE_PARAMS)
         try:
             graph = RingGraph(tuple(p.ring), p.degree)
         except SecAggError:
             raise ClientAbort(UNSAFE_PARAMS) from None
-        if (ctx.client_id not in graph or p.length != ctx.update.size or p.length > ctx.policy.max_length
-                or p.max_clients < len(p.ring) or (ctx.policy.require_active and not p.active)
+        if (ctx.client_id not in graph or p.length != ctx.update.size or p.length > policy.max_length
+                or p.max_clients < n or (policy.require_active and not p.active)
                 or (p.active and (ctx.signing_key is None or any(c not in ctx.directory for c in p.ring)))):
             raise ClientAbort(UNSAFE_PARAMS)
-        n = len(p.ring)
-        floor = minimum_threshold(n, p.degree, ctx.policy.corrupt, active=p.active)
+        floor = minimum_threshold(n, p.degree, policy.corrupt, active=p.active, population=population)
         if not floor <= p.threshold <= p.degree:
             raise ClientAbort(UNSAFE_PARAMS)
         try:
@@ -188,7 +250,7 @@ class _AwaitParams(_Stage):
             encoded.words[:-2] += extra.astype(encoded.words.dtype)
         ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
         ctx.clipped = encoded.clipped
-        ctx.quorum = survivor_quorum(n, ctx.policy.corrupt)
+        ctx.quorum = survivor_quorum(n, policy.corrupt, population=population)
         ctx.digest = m.params_digest(p)
         ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
         # Both secrets are shared now, at x = 1..k, so the commitment can be signed with the keys.

@@ -169,7 +169,7 @@ class GraphParameters:
 
 def choose_parameters(
     n: int, *, dropout: float, corrupt: float, graph: str = "harary", active: bool = False,
-    sigma: float = DEFAULT_SIGMA, eta: float = DEFAULT_ETA,
+    population: int | None = None, sigma: float = DEFAULT_SIGMA, eta: float = DEFAULT_ETA,
 ) -> GraphParameters:
     """Degree and threshold for n clients (module docstring); ``graph='complete'`` fixes k = n - 1.
 
@@ -179,6 +179,9 @@ def choose_parameters(
         corrupt: tolerated fraction of clients colluding with the server, in [0, 1).
         graph: ``harary`` (smallest sufficient k) or ``complete``.
         active: threshold for a server that deviates from the protocol.
+        population: the clients the corrupt fraction is taken of (default n): the ring holds at most
+            min(floor(corrupt * population), n - 1) corrupt clients
+            (:func:`protocols.masked.policy.corrupt_count`).
         sigma, eta: security and correctness parameters in bits, > 0.
     """
     if n < 2:
@@ -188,7 +191,11 @@ def choose_parameters(
     if graph not in ("harary", "complete"):
         raise InvalidArgumentError(f"graph must be 'harary' or 'complete', got {graph!r}")
     others = n - 1
-    bad_c, bad_d = math.floor(corrupt * n), math.ceil(dropout * n)
+    if population is not None and (isinstance(population, bool) or not isinstance(population, int)
+                                   or population < 1):
+        raise InvalidArgumentError(f"population must be an integer >= 1, got {population!r}")
+    bad_c = min(math.floor(corrupt * (n if population is None else population)), n - 1)
+    bad_d = math.ceil(dropout * n)
     union = math.log2(n)
     candidates = [] if graph == "complete" else list(range(2, n - 1, 2))
     for k in candidates + [n - 1]:

@@ -8,6 +8,7 @@ rounds, pairs or purposes.
 from __future__ import annotations
 
 import hashlib
+import struct
 
 from secagg import keys as crypto
 
@@ -72,5 +73,10 @@ def attestation_message(session: bytes, round_index: int, client: int, partners:
 
 def consistency_message(session: bytes, round_index: int, survivors: tuple[int, ...], *,
                         params: bytes) -> bytes:
-    """The statement a client signs over the survivor list (active mode)."""
-    return b"survivors" + params + crypto.context_bytes(session, round_index, *sorted(survivors))
+    """The statement a client signs over the survivor list (active mode).
+
+    The list is counted with 32 bits (lists of up to 2^20 ids, the wire's ring limit, and more),
+    unlike :func:`secagg.keys.context_bytes`, whose party count is 16-bit."""
+    ids = sorted(survivors)
+    return (b"survivors/v2" + params + crypto.context_bytes(session, round_index)
+            + struct.pack(f">I{len(ids)}Q", len(ids), *ids))

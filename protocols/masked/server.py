@@ -6,10 +6,18 @@ removes its sender from the round and is counted, never trusted), :meth:`MaskedS
 ends the stage. A stage that leaves fewer than t clients, or any client of the sum with fewer than
 t answering share holders, raises :class:`protocols.errors.ProtocolAbort`: never a wrong sum.
 
-A client removed from the round (its message was malformed or invalid) is listed in
-:attr:`MaskedServer.rejected` and is never in the sum. Misbehaviour that does not remove a client
-(a repeated message; a share at unmasking that does not match its owner's commitment, which is then
-left out of the reconstruction) is listed in :attr:`MaskedServer.misbehaved`.
+A client removed from the round (a malformed or invalid message up to and including its masked
+input) is listed in :attr:`MaskedServer.rejected` and is never in the sum. Once a client's masked
+input is in the total it cannot leave the sum: a malformed consistency signature or unmask answer
+is listed in :attr:`MaskedServer.misbehaved`, the client counts as a non-signer or non-answerer, and
+nothing it sends afterwards is taken. Other misbehaviour that does not remove a client (a repeated
+message; a share at unmasking that does not match its owner's commitment, which is then left out
+of the reconstruction) is listed there too.
+
+The masks are removed from the partner sets the survivors attested with their masked inputs
+(signed in active mode), not from what the server believes it forwarded: for a dropped client d,
+exactly the masks of the survivors v with d in P_v; survivors v, w with v in P_w but w not in P_v
+cannot cancel, and the round aborts before anyone reveals a share.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ class _Round:
     sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
     commitments: dict[int, bytes] = field(default_factory=dict)
     attestations: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    partners: dict[int, frozenset[int]] = field(default_factory=dict)
+    ignored: set[int] = field(default_factory=set)
     total: np.ndarray | None = None
     survivors: tuple[int, ...] = ()
     signatures: dict[int, bytes] = field(default_factory=dict)
@@ -80,6 +90,8 @@ class _Stage(ABC):
 
     expects: type
     name: str
+    in_sum = False
+    """True once the members' masked inputs are in the total (a bad answer cannot remove them)."""
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         self.r = r
@@ -186,9 +198,8 @@ class _MaskedInput(_Stage):
             raise MalformedMessage("masked input has the wrong size or range") from None
         if words.size and int(words.max()) >> self.r.encoder.modulus_bits:
             raise MalformedMessage("masked input has a word outside the modulus")
+        partners = self._partners(sender, body.partners)
         if self.r.params.active:
-            if len(body.partners) != (self.r.graph.degree + 7) // 8:
-                raise MalformedMessage("partner attestation has the wrong size")
             try:
                 crypto.verify(self.r.directory[sender], body.signature,
                               attestation_message(self.r.session, self.r.round_index, sender,
@@ -196,14 +207,38 @@ class _MaskedInput(_Stage):
             except CryptoError:
                 raise MalformedMessage("partner attestation does not verify") from None
             self.r.attestations[sender] = (body.partners, body.signature)
+        self.r.partners[sender] = partners
         if self.r.total is None:
             self.r.total = np.zeros(words.size, dtype=self.r.encoder.dtype)
         self.answers[sender] = body
         np.add(self.r.total, words, out=self.r.total)
 
+    def _partners(self, sender: int, bits: bytes) -> frozenset[int]:
+        """P_sender from its partner bitmap: bit x - 1 is its neighbour at x-coordinate x. Only
+        neighbours whose bundle the server forwarded to it, at least t of them."""
+        graph, k = self.r.graph, self.r.graph.degree
+        if len(bits) != (k + 7) // 8:
+            raise MalformedMessage("partner attestation has the wrong size")
+        flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")
+        if flags[k:].any():
+            raise MalformedMessage("partner attestation sets a bit beyond the degree")
+        neighbours = graph.neighbours(sender)
+        partners = frozenset(neighbours[i] for i in np.flatnonzero(flags[:k]).tolist())
+        if len(partners) < self.r.threshold or any(
+                sender not in self.r.sealed.get(v, ()) for v in partners):
+            raise MalformedMessage("partner attestation names fewer than t partners or one whose "
+                                   "bundle it was never sent")
+        return partners
+
     def close(self) -> _Stage:
         self.r.survivors = tuple(sorted(self.answers))
         self.r.require(len(self.r.survivors), self.name)
+        alive, partners = set(self.r.survivors), self.r.partners
+        for v in self.r.survivors:
+            for w in partners[v]:
+                if w in alive and v not in partners[w]:
+                    raise ProtocolAbort(f"{self.name}: client {v} masked with client {w} but not the "
+                                        "reverse (a share bundle was lost): the masks cannot cancel")
         if self.r.params.active:
             return _Consistency(self.r, self.r.survivors)
         return _Unmask(self.r, self.r.survivors)
@@ -211,6 +246,7 @@ class _MaskedInput(_Stage):
 
 class _Consistency(_Stage):
     expects, name = m.ConsistencySignature, "consistency check"
+    in_sum = True
 
     def outgoing(self) -> dict[int, bytes]:
         request = m.ConsistencyRequest(self.r.survivors)
@@ -235,18 +271,22 @@ class _Consistency(_Stage):
 
 class _Unmask(_Stage):
     expects, name = m.UnmaskResponse, "unmask"
+    in_sum = True
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
         self.alive = alive = frozenset(r.survivors)
-        self.dropped = tuple(sorted(set(r.sealed) - alive))
-        self.asked: dict[int, dict[int, int]] = {}
-        for c in members:
-            ask = {}
-            for v in r.graph.neighbours(c):
-                if v in r.sealed and c in r.sealed[v]:
-                    ask[v] = m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY
-            self.asked[c] = ask
+        # The dropped clients whose masks are in the sum: d in P_v for a survivor v (attested).
+        self.needs: dict[int, list[int]] = {}
+        for v in r.survivors:
+            for d in r.partners[v]:
+                if d not in alive:
+                    self.needs.setdefault(d, []).append(v)
+        self.dropped = tuple(sorted(self.needs))
+        # A holder is asked about exactly the owners whose shares it attested to hold.
+        self.asked: dict[int, dict[int, int]] = {
+            c: {v: m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY for v in r.partners[c]}
+            for c in members}
         self.shares: dict[tuple[int, int], dict[int, int]] = {}
 
     def outgoing(self) -> dict[int, bytes]:
@@ -303,9 +343,7 @@ class _Unmask(_Stage):
             seed = self._secret(u, m.SHARE_OF_SEED)
             yield self_mask_key(seed, r.session, r.round_index, u), -1
         for d in self.dropped:
-            partners = [v for v in r.graph.neighbours(d) if v in self.alive and v in r.sealed[d]]
-            if not partners:
-                continue
+            partners = self.needs[d]
             try:
                 recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
             except CryptoError:
@@ -342,23 +380,34 @@ class MaskedServer:
         active: authenticated mode (default): signed keys, attestations and survivor list (needs
             ``directory``). False is the semi-honest opt-in.
         directory: long-term Ed25519 public keys of the clients, by id.
-        corrupt: fraction of clients assumed to collude with the server, in [0, 1); the threshold
-            must meet the clients' floor for it (:mod:`protocols.masked.policy`).
+        corrupt: fraction of the population assumed to collude with the server, in [0, 1); the
+            threshold must meet the clients' floor for it (:mod:`protocols.masked.policy`).
+        population: the enrolled clients the corrupt fraction is taken of, >= the ring size. The
+            server uses the larger of this and ``len(directory)``, as the clients do; required in
+            semi-honest mode (no directory).
     """
 
     def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
                  encoder: FixedPointEncoder, length: int, active: bool = True,
-                 directory: Mapping[int, bytes] | None = None, corrupt: float = 0.1) -> None:
+                 directory: Mapping[int, bytes] | None = None, corrupt: float = 0.1,
+                 population: int | None = None) -> None:
         if len(session) != m.SESSION_BYTES:
             raise ValueError(f"session id must be {m.SESSION_BYTES} bytes")
         if not 0 <= corrupt < 1:
             raise ValueError(f"corrupt must be in [0, 1), got {corrupt}")
+        if population is not None and (isinstance(population, bool) or not isinstance(population, int)
+                                       or population < 1):
+            raise ValueError(f"population must be an integer >= 1, got {population!r}")
         n = len(graph.ring)
-        floor = minimum_threshold(n, graph.degree, corrupt, active=active)
+        population = max(len(directory or {}) if active else 0, population or 0)
+        if population < n:
+            raise ValueError(f"population must be at least the ring size {n} (in semi-honest mode it "
+                             f"must be given), got {population}")
+        floor = minimum_threshold(n, graph.degree, corrupt, active=active, population=population)
         if not floor <= threshold <= graph.degree:
             raise ValueError(f"threshold must be in [{floor}, {graph.degree}] for {n} clients, degree "
-                             f"{graph.degree}, corrupt fraction {corrupt} "
-                             f"({'active' if active else 'semi-honest'} mode), got {threshold}")
+                             f"{graph.degree}, corrupt fraction {corrupt} of a population of "
+                             f"{population} ({'active' if active else 'semi-honest'} mode), got {threshold}")
         if encoder.max_clients < len(graph.ring) or encoder.max_length < length:
             raise ValueError("the encoder's max_clients or max_length is below this round's")
         if active and (directory is None or any(c not in directory for c in graph.ring)):
@@ -367,7 +416,8 @@ class MaskedServer:
                                  encoder.bits, encoder.max_clients, encoder.max_weight,
                                  encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
-                             survivor_quorum(n, corrupt) if active else 0, m.params_digest(params))
+                             survivor_quorum(n, corrupt, population=population) if active else 0,
+                             m.params_digest(params))
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 
@@ -383,13 +433,16 @@ class MaskedServer:
 
     @property
     def rejected(self) -> dict[int, str]:
-        """Clients removed for a malformed or invalid message, with the reason (never in the sum)."""
+        """Clients removed for a malformed or invalid message up to their masked input, with the
+        reason (never in the sum)."""
         return dict(self._round.rejected)
 
     @property
     def misbehaved(self) -> dict[int, str]:
-        """Clients that misbehaved without being removed: a repeated or late message, or an
-        unmask share that did not match its commitment (left out of the reconstruction)."""
+        """Clients that misbehaved without being removed: a repeated or late message; a malformed
+        consistency signature or unmask answer after their masked input was in the total (they
+        count as non-signers / non-answerers and stay in the sum); an unmask share that did not
+        match its commitment (left out of the reconstruction)."""
         return dict(self._round.misbehaved)
 
     def outgoing(self) -> dict[int, bytes]:
@@ -401,8 +454,8 @@ class MaskedServer:
     def receive(self, sender: int, data: bytes) -> None:
         """Take one client's answer. An invalid one removes the sender and is recorded."""
         stage = self._stage
-        if sender in self._round.rejected:
-            return  # removed from the round: nothing it sends is taken again
+        if sender in self._round.rejected or sender in self._round.ignored:
+            return  # removed from the round, or spoiled an answer: nothing it sends is taken again
         if stage is None or sender not in stage.members or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
             self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
@@ -412,7 +465,11 @@ class MaskedServer:
                                round_index=self._round.round_index, sender=sender, recipient=m.SERVER)
             stage.accept(sender, body)
         except MalformedMessage as error:
-            self._round.rejected[sender] = str(error)
+            if stage.in_sum:  # its masked input is in the total: it cannot leave the sum
+                self._round.misbehaved[sender] = f"{stage.name}: {error}"
+                self._round.ignored.add(sender)
+            else:
+                self._round.rejected[sender] = str(error)
             return
         stage.answers.setdefault(sender, body)
 

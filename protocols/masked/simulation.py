@@ -42,15 +42,18 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
                 rngs: Mapping[int, np.random.Generator], encoder: FixedPointEncoder, degree: int,
                 threshold: int, round_index: int,
                 identities: Mapping[int, SigningKey] | None = None, active: bool = True,
-                corrupt: float = 0.1,
+                corrupt: float = 0.1, population: int | None = None,
                 noise: Callable[[int], np.ndarray] | None = None,
-                ring_rng: np.random.Generator | None = None) -> SimulatedRound:
+                ring_rng: np.random.Generator | None = None,
+                policy: ClientPolicy | None = None) -> SimulatedRound:
     """Set up one round: a random session id, the clients on a CSPRNG-shuffled ring of ``degree``.
 
     ``rngs`` feed each client's stochastic rounding. ``active`` (the default) runs authenticated
     mode with the clients' long-term ``identities`` (fresh ones when not given), and every client
     then insists on it; ``active=False`` is the semi-honest opt-in. ``corrupt`` is the fraction of
-    colluding clients that the server's check and every client's policy assume. ``noise``, if
+    colluding clients of the ``population`` (default: the clients of this round) that the server's
+    check and every client's policy assume. ``policy`` (default: one built from ``active``,
+    ``corrupt`` and ``population``) is every client's policy. ``noise``, if
     given, is each client's source of shifted integer noise (see :class:`MaskedClient`). ``ring_rng``
     (reproducible experiments only) shuffles the ring from a seed instead of the OS CSPRNG.
     """
@@ -63,8 +66,9 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
     directory = {c: identities[c].public for c in ids} if active else None
     server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                           encoder=encoder, length=length, active=active, directory=directory,
-                          corrupt=corrupt)
-    policy = ClientPolicy(require_active=active, corrupt=corrupt)
+                          corrupt=corrupt, population=population or len(ids))
+    if policy is None:
+        policy = ClientPolicy(require_active=active, corrupt=corrupt, population=population or len(ids))
     clients = {
         c: MaskedClient(client_id=c, session=session, round_index=round_index, update=updates[c],
                         weight=weights[c], rng=rngs[c],

@@ -61,7 +61,7 @@ def make_world(n: int, degree: int, *, active: bool, corrupt: frozenset[int] = f
                assumed_corrupt: float = 0.2, threshold: int | None = None) -> World:
     """Clients 1..n; the policy and the server assume ``assumed_corrupt``; t is the floor unless given."""
     ids = list(range(1, n + 1))
-    floor = minimum_threshold(n, degree, assumed_corrupt, active=active)
+    floor = minimum_threshold(n, degree, assumed_corrupt, active=active, population=n)
     t = threshold or floor
     encoder = FixedPointEncoder(clip=1.0, bits=8, max_clients=n, max_weight=10, max_length=LENGTH)
     rng = np.random.default_rng(n * 100 + degree)

@@ -1,5 +1,7 @@
-"""Item 8 of issue 9: a session naming a huge ring costs a client memory linear in the message
-and work on its own neighbourhood only.
+"""Item 8 of issue 9 and review r9 findings 2 and 3: a session naming a huge ring costs a client
+memory linear in the message and work on its own neighbourhood only; a degree above the client's
+``max_degree`` (a ring above ``max_ring``) is refused before any work; survivor lists of 2^16 ids
+and more are signed, never a ``struct.error``.
 
 Adversary: a lying server that sends a 10^6-member ring (complete or sparse graph). Before the
 fix a client built every member's neighbour set (n x k entries: quadratic for the complete graph,
@@ -20,10 +22,11 @@ from protocols.masked import RingGraph, shuffled_ring
 from protocols.masked import messages as m
 from protocols.errors import ClientAbort
 from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.keys import key_message
+from protocols.masked.keys import consistency_message, key_message
 from protocols.masked.policy import minimum_threshold
 from secagg.errors import InvalidArgumentError
-from secagg.keys import KeyPair, SigningKey
+from secagg.keys import KeyPair, SigningKey, context_bytes, verify
+from tests.protocols.helpers import make_session
 
 N = 10**6
 
@@ -39,7 +42,7 @@ def test_a_million_member_sparse_ring_costs_a_client_little():
     and t is the default client's floor for k = 40 (34 for corrupt = 0.1 at n = 10^6)."""
     ring = tuple(range(10, 10 + N))
     me, session, k = ring[N - 3], os.urandom(16), 40
-    t = minimum_threshold(N, k, ClientPolicy().corrupt, active=True)
+    t = minimum_threshold(N, k, ClientPolicy().corrupt, active=True, population=N)
     assert t <= k
     p = ring.index(me)
     neighbours = [ring[(p + o) % N] for o in (*range(1, k // 2 + 1), *range(-(k // 2), 0))]
@@ -87,7 +90,7 @@ def test_a_million_member_complete_ring_builds_no_per_member_structure():
     signing_key = SigningKey.generate()
     client = _client(ring, me, session, directory=dict.fromkeys(ring, signing_key.public),
                      signing_key=signing_key)
-    assert minimum_threshold(N, N - 1, ClientPolicy().corrupt, active=True) > N // 2 + 1
+    assert minimum_threshold(N, N - 1, ClientPolicy().corrupt, active=True, population=N) > N // 2 + 1
     params = m.encode(m.Header(0, session, 1, m.SERVER, me),
                       m.SessionParams(ring, N - 1, N // 2 + 1, 4, 1.0, 12, N, 100, 4, True))
     tracemalloc.start()
@@ -129,3 +132,76 @@ def test_arithmetic_neighbourhoods_match_the_definition(n, data):
 def test_rings_with_ids_that_are_not_u64_integers_are_refused(ring):
     with pytest.raises(InvalidArgumentError):
         RingGraph(ring, 2)
+
+
+def test_a_complete_ring_of_2_20_is_refused_before_any_work():
+    """Review r9 finding 2: one parameters message naming a complete ring of 2^20 (t at the floor)
+    would cost O(t k) = 2^40 Shamir operations. The default policy's max_degree (1024) refuses it
+    with UNSAFE_PARAMS before the client builds its graph or draws a secret."""
+    n = 1 << 20
+    ring = tuple(range(n))
+    me = SigningKey.generate()
+    directory = dict.fromkeys(ring, SigningKey.generate().public) | {0: me.public}
+    t = minimum_threshold(n, n - 1, 0.1, active=True, population=n)
+    session = os.urandom(16)
+    client = _client(ring, 0, session, directory=directory, signing_key=me)
+    data = m.encode(m.Header(0, session, 1, m.SERVER, 0), m.SessionParams(ring, n - 1, t, 4, 1.0, 8, n, 1,
+                                                                         4, True, 0))
+    with pytest.raises(ClientAbort, match="unsafe or invalid session parameters"):
+        client.handle(data)
+    ctx = client._ctx
+    assert client.stage == "aborted" and ctx.graph is None and ctx.shares is None and ctx.seed == b""
+
+
+@pytest.mark.parametrize("field,policy", [("degree", {"max_degree": 8}), ("ring", {"max_ring": 12})])
+def test_a_policy_bounds_the_degree_and_the_ring_it_accepts(field, policy):
+    s = make_session(13, seed=31, graph="complete")
+    params = m.decode(s.server.outgoing()[sorted(s.clients)[0]], expect=m.SessionParams)[1]
+    assert params.degree == 12 and len(params.ring) == 13
+    out = s.server.outgoing()
+    for c in s.clients:
+        s.clients[c]._ctx.policy = ClientPolicy(**policy)
+    for c, message in out.items():
+        with pytest.raises(ClientAbort, match="unsafe or invalid session parameters"):
+            s.clients[c].handle(message)
+
+
+def test_a_survivor_list_of_65536_ids_is_signed_not_a_crash():
+    """Review r9 finding 3: the signed survivor statement counts ids with 32 bits. Ring 0..65535 on
+    the Harary graph at the clients' floor; the victim (0) and every client within 18 ring
+    positions are real clients; the consistency request lists the whole ring. The victim signs,
+    and the statement the server verifies (the same function) checks out."""
+    n, k, session = 65_536, 18, bytes(16)
+    ring = tuple(range(n))
+    graph = RingGraph(ring, k)
+    t = minimum_threshold(n, k, 0.1, active=True, population=n)
+    real = [p % n for p in range(-k, k + 1)]
+    identities = {c: SigningKey.generate() for c in real}
+    directory = dict.fromkeys(ring, SigningKey.generate().public) | {c: identities[c].public for c in real}
+    params = m.SessionParams(ring, k, t, 4, 1.0, 8, n, 1, 4, True, 0)
+
+    def message(c, body):
+        return m.encode(m.Header(0, session, 2, m.SERVER, c), body)
+
+    clients = {c: MaskedClient(client_id=c, session=session, round_index=2, update=np.zeros(4, np.float32),
+                               weight=1, rng=np.random.default_rng(c), signing_key=identities[c],
+                               directory=directory) for c in real}
+    entries = {c: m.decode(clients[c].handle(message(c, params)), expect=m.AdvertiseKeys)[1].entry
+               for c in real}
+    sealed = {}
+    for c in real:
+        shown = (entries[c],) + tuple(entries[v] for v in graph.neighbours(c) if v in entries)
+        try:
+            sealed[c] = dict(m.decode(clients[c].handle(message(c, m.KeyList(shown))),
+                                      expect=m.ShareKeys)[1].sealed)
+        except ClientAbort:
+            continue  # the outermost real clients lack t real neighbours
+    victim = 0
+    clients[victim].handle(message(victim, m.ForwardedShares(
+        tuple((v, sealed[v][victim]) for v in graph.neighbours(victim)))))
+    reply = clients[victim].handle(message(victim, m.ConsistencyRequest(ring)))
+    signature = m.decode(reply, expect=m.ConsistencySignature)[1].signature
+    verify(identities[victim].public, signature,
+           consistency_message(session, 2, ring, params=m.params_digest(params)))
+    with pytest.raises(InvalidArgumentError):  # the 16-bit context refuses, typed, never struct.error
+        context_bytes(session, 2, *ring)

@@ -69,7 +69,9 @@ def test_different_survivor_lists_at_the_consistency_check_are_caught():
     for c, msg in out.items():
         if c != first:
             s.server.receive(c, s.clients[c].handle(msg))
-    assert first in s.server.rejected  # an honest server sees the signature is over another list
+    # An honest server sees the signature is over another list: ``first`` is a non-signer, recorded
+    # as misbehaving, and stays in the sum (its masked input is already in the total).
+    assert first in s.server.misbehaved and first not in s.server.rejected
     s.server.close()
     # A lying server goes on anyway and shows ``first`` the others' signatures (over the full list).
     template = next(iter(s.server.outgoing().values()))
@@ -174,7 +176,7 @@ def test_break_3_every_client_refuses_a_threshold_below_its_own_floor(graph, n, 
     s = make_session(n, seed=23, graph=graph, active=active)
     out = advance(s, "advertise keys")
     k = s.graph.degree
-    floor = minimum_threshold(n, k, 0.1, active=active)
+    floor = minimum_threshold(n, k, 0.1, active=active, population=n)
     assert s.threshold >= floor
     low = answers(s, out, lambda c, msg: tampered(msg, m.SessionParams,
                                                   lambda b: dataclasses.replace(b, threshold=floor - 1)))
@@ -183,14 +185,14 @@ def test_break_3_every_client_refuses_a_threshold_below_its_own_floor(graph, n, 
     s = make_session(n, seed=23, graph=graph, active=active)
     out = advance(s, "advertise keys")
     c = sorted(out)[0]
-    s.clients[c]._ctx.policy = ClientPolicy(require_active=active, corrupt=0.4)
-    if minimum_threshold(n, k, 0.4, active=active) > s.threshold:
+    s.clients[c]._ctx.policy = ClientPolicy(require_active=active, corrupt=0.4, population=n)
+    if minimum_threshold(n, k, 0.4, active=active, population=n) > s.threshold:
         assert answers(s, {c: out[c]}, lambda c, msg: msg) == {c: rules.UNSAFE_PARAMS}
 
 
 def test_break_3_the_server_and_the_config_check_use_the_clients_rule():
     s = make_session(8, seed=24)
-    floor = minimum_threshold(8, s.graph.degree, 0.1, active=True)
+    floor = minimum_threshold(8, s.graph.degree, 0.1, active=True, population=8)
     with pytest.raises(ValueError, match="threshold must be in"):
         MaskedServer(session=s.session, round_index=1, graph=s.graph, threshold=floor - 1,
                      encoder=s.encoder, length=50, directory={c: k.public for c, k in s.identities.items()})
@@ -204,7 +206,7 @@ def test_break_4_a_list_signed_only_by_the_neighbourhood_is_refused_on_the_harar
     out = advance(s, "unmask")
     c = sorted(out)[0]
     local = set(s.graph.neighbours(c)) | {c}
-    assert len(local) < survivor_quorum(14, 0.1)
+    assert len(local) < survivor_quorum(14, 0.1, population=14)
     msg = tampered(out[c], m.UnmaskRequest, lambda b: dataclasses.replace(
         b, signatures=tuple((v, sig) for v, sig in b.signatures if v in local)))
     assert answers(s, {c: msg}, lambda c, x: x) == {c: rules.FEW_SURVIVORS}
@@ -213,9 +215,12 @@ def test_break_4_a_list_signed_only_by_the_neighbourhood_is_refused_on_the_harar
 def test_two_different_survivor_lists_can_never_both_reach_the_quorum():
     for n in range(2, 200):
         for corrupt in (0.0, 0.1, 0.2, 0.33, 0.45):
-            c, q = corrupt_count(n, corrupt), survivor_quorum(n, corrupt)
-            # honest signers of two lists are disjoint: (q - c) + (q - c) must exceed n - c
-            assert 2 * (q - c) > n - c
+            for population in (n, 2 * n, 10 * n):  # c comes from the population, capped at n - 1
+                c = corrupt_count(n, corrupt, population=population)
+                q = survivor_quorum(n, corrupt, population=population)
+                assert c >= min(int(corrupt * population), n - 1)
+                # honest signers of two lists are disjoint: (q - c) + (q - c) must exceed n - c
+                assert 2 * (q - c) > n - c and q <= n
 
 
 def _survivor_without_signature(attestation_change):
@@ -278,7 +283,14 @@ def test_clients_shown_different_session_parameters_cannot_use_each_others_keys(
 
 @pytest.mark.parametrize("kwargs,name", [({"corrupt": 1.0}, "corrupt"), ({"corrupt": -0.1}, "corrupt"),
                                          ({"require_active": 1}, "require_active"),
-                                         ({"max_length": 0}, "max_length")])
+                                         ({"max_length": 0}, "max_length"),
+                                         ({"require_active": False}, "population"),
+                                         ({"population": 0}, "population"),
+                                         ({"population": 2.5}, "population"),
+                                         ({"max_degree": 1}, "max_degree"),
+                                         ({"max_ring": True}, "max_ring"),
+                                         ({"clip": 0.0}, "clip"), ({"clip": float("nan")}, "clip"),
+                                         ({"bits": 65}, "bits"), ({"min_word_slack": -1}, "min_word_slack")])
 def test_client_policy_is_validated_and_names_the_bad_key(kwargs, name):
     with pytest.raises(ValueError, match=name):
         ClientPolicy(**kwargs)

@@ -18,7 +18,7 @@ from tests.protocols.helpers import make_session
 def test_exact_sum_of_survivors_or_clean_abort(n, graph, active, seed, data):
     s = make_session(n, graph=graph, active=active, seed=seed, length=20)
     k = s.graph.degree
-    floor = minimum_threshold(n, k, 0.1, active=active)
+    floor = minimum_threshold(n, k, 0.1, active=active, population=n)
     t = data.draw(st.integers(floor, k), label="threshold")
     s = make_session(n, graph=graph, active=active, seed=seed, length=20, threshold=t)
     ids = sorted(s.clients)
@@ -32,7 +32,8 @@ def test_exact_sum_of_survivors_or_clean_abort(n, graph, active, seed, data):
         holders_short = any(
             sum(1 for v in s.graph.neighbours(c) if drops.get(v, 99) > 4) < s.threshold
             for c in ids if drops.get(c, 99) > 1)
-        signers_short = active and sum(1 for c in ids if drops.get(c, 99) > 3) < survivor_quorum(n, 0.1)
+        signers = sum(1 for c in ids if drops.get(c, 99) > 3)
+        signers_short = active and signers < survivor_quorum(n, 0.1, population=n)
         assert n_left < s.threshold or holders_short or signers_short
         return
     assert not trace.aborts

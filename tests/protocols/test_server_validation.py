@@ -69,13 +69,13 @@ def test_share_commitments_that_do_not_match_the_signed_digest_remove_the_sender
     assert cheat not in s.server.outgoing()
 
 
-def test_an_unmask_response_repeating_one_owner_and_omitting_another_is_rejected():
+def test_an_unmask_response_repeating_one_owner_and_omitting_another_is_refused_and_recorded():
     s, out = at_unmask(seed=2)
     c = sorted(out)[0]
     reply = tampered(s.clients[c].handle(out[c]), m.UnmaskResponse,
                      lambda b: m.UnmaskResponse((b.shares[0], b.shares[0], *b.shares[2:])))
     s.server.receive(c, reply)
-    assert "exactly what was asked" in s.server.rejected[c]
+    assert "exactly what was asked" in s.server.misbehaved[c] and c not in s.server.rejected
 
 
 @pytest.mark.parametrize("bits", [12, 16], ids=["narrow-word", "full-width-word"])
