@@ -26,12 +26,13 @@ def test_released_sums_carry_mu_beyond_the_tolerated_colluders_shares(active):
     n, dropout = 10, 0.3
     probe = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), active=active,
                               dropout=dropout)
-    floor = minimum_threshold(n, probe.parameters(n)[0], probe.tolerated_corrupt, active=active)
+    floor = minimum_threshold(n, probe.parameters(n)[0], probe.tolerated_corrupt, active=active,
+                              population=n)
     inner = MaskedAggregation(max_weight=1, rng=np.random.default_rng(5), dropout=dropout,
                               active=active, threshold=floor)
     layer = ClientLevelDP(inner, clip_norm=1.0, noise_multiplier=1.0,
                           random=SecureRandom(b"\x03" * 32))
-    t, c = inner.min_contributions(n), corrupt_count(n, inner.tolerated_corrupt)
+    t, c = inner.min_contributions(n), corrupt_count(n, inner.tolerated_corrupt, population=n)
     released = []
     for r in range(8):
         updates = [ClientUpdate(i, np.full(4, 0.1, np.float32), 1.0) for i in range(n)]
