@@ -5,7 +5,7 @@ factorable". Two cheap ones that pass (the announcer is trusted, so this matters
 careless or buggy key generator, hence low):
 
 - a 30-bit prime factor (trial division stops at 2^20; Pollard rho finds 30 bits in ~2^15 steps);
-- q = next_prime(2 p): Fermat's method on 2 n (Lehman's multiplier) factors it in one step, while
+- q = next_prime(2 p): Fermat's method on 8 n = (4 p)(2 q) (Lehman's multipliers) factors it in one step, while
   plain Fermat on n needs ~sqrt(n) / 8 steps, far beyond 4,096.
 """
 
@@ -63,7 +63,7 @@ def _ratio_two_modulus() -> int:
 
 @pytest.mark.parametrize("make, factor", [
     (_small_factor_modulus, _rho),
-    (lambda: _ratio_two_modulus(), lambda n: _fermat_with_multiplier(n, 2)),
+    (lambda: _ratio_two_modulus(), lambda n: _fermat_with_multiplier(n, 8)),
 ], ids=["30-bit-factor", "q-next-prime-of-2p"])
 def test_a_cheaply_factorable_modulus_is_refused(make, factor):
     n = make()
