@@ -62,5 +62,5 @@ def test_generated_keys_and_far_apart_primes_pass():
     # just beyond the Fermat bound: |p - q| about 2^8 n^(1/4) needs ~ 2^12 x 2 steps
     far = gmpy2.next_prime(q + (gmpy2.mpz(1) << 264))
     assert not cheaply_factorable(int(q * far))
-    # a smallest factor just above the trial-division bound is not found (the documented limit)
-    assert not cheaply_factorable(_modulus(1024, gmpy2.next_prime(TRIAL_DIVISION_BOUND)))
+    # a 48-bit smallest factor is beyond rho's budget (about 2^24 iterations): the documented limit
+    assert not cheaply_factorable(_modulus(1024, _prime_with_bits(48)))

@@ -1,5 +1,5 @@
-"""Review r11 (PASSES = defended): key-holder custody against the server WITH a colluding enrolled
-client that hands over its group MAC key K and its own pad key.
+"""Key-holder custody against the server WITH a colluding enrolled client that hands over its
+group MAC key K and its own pad key (a searching adversary; written in review r11).
 
 The searching server draws, per aggregation, a claimed contributor list S (any subset of the five
 clients), an exponent in {-1, 0, 1, 2} per honest client and ciphertext index (so it may drop,
@@ -105,6 +105,5 @@ def test_searching_server_with_a_colluder_learns_only_sums_over_its_list():
                 assert np.array_equal(result.astype(object), expected)
         elif exact and len(members) >= T and COLLUDER in members and not probe and well_formed:
             refused_well_formed += 1
-    print("released", released)
     assert released > 0
     assert refused_well_formed == 0

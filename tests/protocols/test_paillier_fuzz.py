@@ -1,4 +1,4 @@
-"""Review r11 (PASSES = defended): malformed-input robustness of every Paillier seam.
+"""Malformed-input robustness of every Paillier seam (written in review r11).
 
 Random bit flips, truncations, extensions and 0xff runs of valid messages at each entry point
 (server.receive, client endorse / decryption_share / receive_verification_keys /
