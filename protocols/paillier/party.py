@@ -5,7 +5,9 @@ Agreement. A party signs at most one contributor list per aggregation sequence n
 contributes decryption shares only to a list carrying valid endorsements from q = floor((N + t -
 1) / 2) + 1 distinct parties (it records that list as its own endorsement, and refuses if it
 endorsed another). Two lists for one sequence number would need 2 q - N > t - 1 common endorsers,
-so at least one honest party signing both: impossible. Every honest client submits to one
+so at least one honest party signing both: impossible. The record lives in an
+:class:`~protocols.paillier.state.EndorsementStore` that outlives this object (a durable one in a
+deployment), so a rebuilt or restarted party still refuses a second list. Every honest client submits to one
 sequence number only (its spec and batch are bound to it), so at most one sum holding any honest
 ciphertext is ever decrypted.
 
