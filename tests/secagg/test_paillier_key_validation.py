@@ -99,21 +99,26 @@ def _small_factor_modulus() -> int:
     return int(p * q)
 
 
-def _ratio_modulus(r: int, s: int) -> int:
-    """q = next_prime(r p / s): p and q in a small ratio, far apart (plain Fermat needs ~ 2^500)."""
+def _review_ratio_two_modulus() -> int:
+    """Review r11's modulus: p = next_prime(2^511 + 2^509), q = next_prime(2 p)."""
     p = gmpy2.next_prime((gmpy2.mpz(1) << 511) + (gmpy2.mpz(1) << 509))
-    q = gmpy2.next_prime(r * p // s)
-    n = p * q
-    while n.bit_length() != 1024:  # keep exactly 1024 bits
-        p = gmpy2.next_prime(p - (gmpy2.mpz(1) << 500) if n.bit_length() > 1024 else p + (1 << 500))
-        q = gmpy2.next_prime(r * p // s)
-        n = p * q
+    n = p * gmpy2.next_prime(2 * p)
+    assert n.bit_length() == 1024
+    return int(n)
+
+
+def _ratio_modulus(r: int, s: int) -> int:
+    """q = next_prime(r p / s), n of 1024 bits: p and q far apart (plain Fermat needs ~ 2^500
+    steps) but in a small ratio."""
+    p = gmpy2.next_prime(gmpy2.isqrt(((gmpy2.mpz(3) << 1022) * s) // r))
+    n = p * gmpy2.next_prime(r * p // s)
+    assert n.bit_length() == 1024
     return int(n)
 
 
 @pytest.mark.parametrize("make, factor", [
     (_small_factor_modulus, _rho_witness),
-    (lambda: _ratio_modulus(2, 1), lambda n: _fermat_with_multiplier(n, 8)),
+    (_review_ratio_two_modulus, lambda n: _fermat_with_multiplier(n, 8)),
 ], ids=["30-bit-factor", "q-next-prime-of-2p"])
 def test_the_review_moduli_are_refused(make, factor):
     """Review r11's moduli: a 30-bit prime factor (beyond trial division; Pollard rho), and
