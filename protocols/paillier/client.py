@@ -1,12 +1,15 @@
 """The client of the Paillier protocol: check the announced key, encrypt, and (under threshold
 custody) check what it is asked to decrypt before it helps.
 
-A client encrypts each aggregation's words at most once (an old or repeated sequence number is
-refused), so no two of its ciphertexts for one aggregation hold different updates; under
+A client encrypts each aggregation's words at most once per key (an old or repeated sequence
+number is refused; it tracks the last one per Paillier key id, and accepts a new one only up to
+:data:`MAX_SEQUENCE_GAP` ahead, so one forged spec cannot lock it out), so no two of its
+ciphertexts for one aggregation hold different updates; under
 threshold custody it proves knowledge of its plaintexts, and as a party it endorses one
 contributor list per aggregation and decrypts only a list a quorum endorsed
 (:mod:`protocols.paillier.party`), so no server can have two different sums of one aggregation
-decrypted.
+decrypted. The dealer's verification keys are taken once per (key id, key epoch): the party,
+and its endorsement record, are never rebuilt by a replay.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from protocols.paillier.messages import (
 from protocols.paillier.binding import submission_context
 from protocols.paillier.party import DecryptionParty
 from protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
+from protocols.paillier.state import MAX_SEQUENCE, EndorsementStore, MemoryEndorsementStore
 from protocols.paillier.trust import read_verification_keys
 from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from secagg.keys import KeyPair, SigningKey, open_sealed, verify
@@ -60,6 +64,15 @@ BAD_KEYS = "verification keys do not verify"
 UNAUTHENTICATED, TOO_FEW = party_rules.UNAUTHENTICATED, party_rules.TOO_FEW
 STALE_ANNOUNCEMENT = "announcement is for an older key epoch, or differs from this epoch's"
 BAD_WELCOME = "welcome does not open or is for another key"
+SEQUENCE_JUMP = "sequence number jumps too far ahead"
+OTHER_KEYS = "different verification keys for this key and epoch"
+
+MAX_SEQUENCE_GAP = 1 << 20
+"""A client accepts aggregation sequence number s only in (last, last + MAX_SEQUENCE_GAP] (last:
+the last one it submitted to under the same Paillier key, 0 at first). Specs are not signed, so a
+lying server can still move a client ahead by at most this many numbers per spec; an honest
+server then catches up by voiding the skipped numbers (cheap), instead of the client being
+locked out for the key's lifetime."""
 
 
 class PaillierClient:
@@ -74,11 +87,15 @@ class PaillierClient:
         roster: client id -> Ed25519 identity public key of every client (threshold custody: to
             check the submissions in a decryption request).
         min_key_bits: smallest Paillier modulus accepted (2048; smaller only for tests).
+        endorsements: threshold custody: where this client, as a party, records the one list it
+            endorsed per (key, sequence) (default: in memory; a deployment passes a durable
+            ``fedsec.state.SqliteEndorsementStore``).
     """
 
     def __init__(self, client_id: int, *, identity: SigningKey, announcer_identity: bytes,
                  share: KeyShare | None = None, roster: Mapping[int, bytes] | None = None,
-                 min_key_bits: int = min(SECURE_KEY_BITS)) -> None:
+                 min_key_bits: int = min(SECURE_KEY_BITS),
+                 endorsements: EndorsementStore | None = None) -> None:
         self.client_id = client_id
         self._identity = identity
         self._announcer_identity = announcer_identity
@@ -90,13 +107,16 @@ class PaillierClient:
         self.threshold = 0
         self._randomness: DJNRandomness | None = None
         self._tag_key = b""
-        self._last_submitted = 0
+        self._last_submitted: dict[bytes, int] = {}
         self.epoch = 0
         self._announced = b""
         self._registration: bytes | None = None
         self._wrap_key = b""
         self._mac_key = b""
         self._party: DecryptionParty | None = None
+        self._party_keys: tuple[bytes, int, bytes] | None = None
+        self._endorsements: EndorsementStore = (endorsements if endorsements is not None
+                                                else MemoryEndorsementStore())
 
     def receive_announcement(self, data: bytes) -> bytes | None:
         """Verify the signed key announcement. Under key-holder custody returns this client's
@@ -143,10 +163,11 @@ class PaillierClient:
             return None
         self._tag_key = tag_key(shared, public_key.key_id, self.client_id)
         self._wrap_key = wrap_key(shared, public_key.key_id, message.epoch, self.client_id)
-        registration = Registration(self.client_id, public_key.key_id, pair.public)
+        registration = Registration(self.client_id, public_key.key_id, pair.public,
+                                    epoch=message.epoch)
         signature = self._identity.sign(REGISTER_DOMAIN + registration.signed_part())
         self._registration = encode(Registration(self.client_id, public_key.key_id, pair.public,
-                                                 signature))
+                                                 signature, message.epoch))
         return self._registration
 
     def receive_welcome(self, data: bytes) -> None:
@@ -181,11 +202,15 @@ class PaillierClient:
         """Encrypt ``words`` (the encoder's words, without the count word) for ``spec``.
 
         Returns the signed Submission; raises ClientAbort if the spec is malformed, names an
-        aggregation this client already contributed to, or does not fit the words.
+        aggregation this client already contributed to under this key (REPLAY), jumps more than
+        :data:`MAX_SEQUENCE_GAP` ahead of the last one (SEQUENCE_JUMP), or does not fit the words.
         """
         spec = self._spec(spec_bytes)
-        if spec.sequence <= self._last_submitted:
+        last = self._last_submitted.get(self.public_key.key_id, 0)
+        if spec.sequence <= last:
             raise ClientAbort(REPLAY)
+        if spec.sequence > min(last + MAX_SEQUENCE_GAP, MAX_SEQUENCE):
+            raise ClientAbort(SEQUENCE_JUMP)
         words = np.asarray(words)
         if (words.ndim != 1 or words.dtype.kind not in "ui" or words.size != spec.length - 1
                 or (words.size and (int(words.min()) < 0 or int(words.max()) > spec.word_bound))):
@@ -207,7 +232,7 @@ class PaillierClient:
             proof = prove_knowledge(self.public_key, self._randomness, ciphertexts, plaintexts,
                                     exponents, submission_context(self.public_key, self.client_id,
                                                                   spec.digest, batch))
-        self._last_submitted = spec.sequence
+        self._last_submitted[self.public_key.key_id] = spec.sequence
         unsigned = Submission(self.client_id, spec.digest, batch, proof=proof)
         signature = self._identity.sign(SUBMIT_DOMAIN + unsigned.signed_part())
         return encode(Submission(unsigned.client_id, unsigned.spec_digest, unsigned.batch, signature,
@@ -215,19 +240,31 @@ class PaillierClient:
 
     def receive_verification_keys(self, data: bytes) -> None:
         """Threshold custody: verify the dealer's signed verification keys (after the announcement)
-        and that this client's share matches its key; then this client can act as a party."""
+        and that this client's share matches its key; then this client can act as a party.
+
+        Taken once per (key id, key epoch): the same keys again change nothing (the party and its
+        endorsement record stay), different ones raise ClientAbort(OTHER_KEYS). Whatever happens,
+        the party records its endorsements in the one store this client was given."""
         if self._share is None or self.custody != THRESHOLD or self.public_key is None:
             raise ClientAbort(NOT_READY)
         try:
             directory = read_verification_keys(data, dealer_identity=self._announcer_identity,
                                                public_key=self.public_key, threshold=self.threshold)
+            signed = tm.decode(data, tm.VerificationKeys).signed_part()
         except MalformedMessage:
             raise ClientAbort(BAD_KEYS) from None
+        if self._party_keys is not None and self._party_keys[:2] == (self.public_key.key_id,
+                                                                     self.epoch):
+            if self._party_keys[2] != signed:
+                raise ClientAbort(OTHER_KEYS)
+            return
         try:
-            self._party = DecryptionParty(self.client_id, identity=self._identity, share=self._share,
-                                          roster=self._roster, directory=directory)
+            party = DecryptionParty(self.client_id, identity=self._identity, share=self._share,
+                                    roster=self._roster, directory=directory,
+                                    store=self._endorsements)
         except InvalidArgumentError:
             raise ClientAbort(WRONG_SHARE) from None
+        self._party, self._party_keys = party, (self.public_key.key_id, self.epoch, signed)
 
     def _party_ready(self) -> DecryptionParty:
         if self._party is None or self.custody != THRESHOLD:

@@ -25,6 +25,8 @@ from secagg.paillier.threshold import combine
 
 MALFORMED = "malformed response"
 BAD_PROOF = "decryption shares do not verify"
+CARRY = ("a guard bit of the decrypted sum is set: a slot carried or overflowed (a contribution "
+         "out of range); nothing released")
 
 
 class ThresholdCoordinator:
@@ -105,7 +107,8 @@ class ThresholdCoordinator:
 
         Every response's proof is checked; a party whose shares are malformed or do not verify is
         recorded in :attr:`liars` and left out. ProtocolAbort (naming the liars) if fewer than t
-        verified responses remain.
+        verified responses remain; ProtocolAbort (:data:`CARRY`) if any slot's guard bit is set in
+        the combined sum, padding slots included: the sum is never released.
         """
         product = self.server.product
         verified = {}
@@ -120,9 +123,13 @@ class ThresholdCoordinator:
         try:
             plaintexts = combine(self.public_key, verified, parties=len(self.directory.parties),
                                  threshold=threshold)
-            words, _ = self.spec.layout(self.public_key).unpack(plaintexts, self.spec.length)
+            layout = self.spec.layout(self.public_key)
+            words, _ = layout.unpack(plaintexts, self.spec.length)
         except (ReconstructionError, EncodingError) as error:
             raise ProtocolAbort(f"verified decryption shares do not combine: {error}") from None
+        rows, _, _ = layout.unpack_rows(plaintexts)
+        if (rows >> np.uint64(self.spec.slot_bits)).any():
+            raise ProtocolAbort(CARRY)
         contributors = len(self.listing.entries)
         if int(words[-1]) != contributors or int(words.max()) > contributors * self.spec.word_bound:
             raise ProtocolAbort("the decrypted sum is not one the contributors can produce")

@@ -31,6 +31,7 @@ holder's own record (:attr:`PaillierKeyHolder.refusals`), which is never sent.
 from __future__ import annotations
 
 import os
+from collections import deque
 
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.messages import (
@@ -64,6 +65,8 @@ from secagg.paillier.packing import MAC_PRIME, slot_forms
 REFUSAL = encode(Refusal())
 """The one refusal the key holder sends, whatever the reason."""
 _REFUSED = "the key holder refused to decrypt"
+REFUSAL_RECORD = 1000
+"""How many refusals the key holder's own record keeps (the oldest are dropped)."""
 
 
 class DecryptionRefused(ProtocolAbort):
@@ -115,8 +118,9 @@ class PaillierKeyHolder:
         self._roster: dict[int, bytes] = {}
         self._tag_keys: dict[int, bytes] = {}
         self.decryptions = 0
-        self.refusals: list[tuple[int | None, str]] = []
-        """The key holder's own record of (sequence or None, reason): never sent to anyone."""
+        self.refusals: deque[tuple[int | None, str]] = deque(maxlen=REFUSAL_RECORD)
+        """The key holder's own record of the last :data:`REFUSAL_RECORD` (sequence or None,
+        reason): never sent to anyone, bounded so junk cannot grow it without limit."""
 
     @property
     def last_sequence(self) -> int:
@@ -144,8 +148,8 @@ class PaillierKeyHolder:
         identity = self._roster.get(message.client_id)
         if identity is None:
             raise MalformedMessage(f"client {message.client_id} is not enrolled")
-        if message.key_id != self.public_key.key_id:
-            raise MalformedMessage("registration is for another Paillier key")
+        if message.key_id != self.public_key.key_id or message.epoch != self.epoch:
+            raise MalformedMessage("registration is for another Paillier key or key epoch")
         try:
             verify(identity, message.signature, REGISTER_DOMAIN + message.signed_part())
             shared = self._tag_pair.agree(message.tag_public)

@@ -51,18 +51,20 @@ class Announcement:
 
 @dataclass(frozen=True)
 class Registration:
-    """Client to key holder (relayed by the server): the client's X25519 key for tags, signed with
-    the client's identity key."""
+    """Client to key holder (relayed by the server): the client's X25519 key for tags for the
+    key ``key_id`` at key epoch ``epoch``, signed with the client's identity key (a registration
+    of another epoch is refused, so an old one cannot be replayed)."""
 
     client_id: int
     key_id: bytes
     tag_public: bytes
     signature: bytes = b""
+    epoch: int = 1
 
     KIND = 2
 
     def signed_part(self) -> bytes:
-        return (Writer().u64(self.client_id).fixed(self.key_id, KEY_ID_BYTES)
+        return (Writer().u64(self.client_id).fixed(self.key_id, KEY_ID_BYTES).u64(self.epoch)
                 .fixed(self.tag_public, KEY_BYTES).getvalue())
 
 
@@ -148,7 +150,7 @@ def encode(message: Message) -> bytes:
         w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES)
         w.u32(message.threshold).u64(message.epoch).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Registration):
-        w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES)
+        w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES).u64(message.epoch)
         w.fixed(message.tag_public, KEY_BYTES).fixed(message.signature, SIGNATURE_BYTES)
     elif isinstance(message, Submission):
         w.u64(message.client_id).fixed(message.spec_digest, 32).blob(message.batch)
@@ -187,8 +189,8 @@ def decode(data: bytes, kind: type[Message]) -> Message:
         message = Announcement(custody, public_key, tag_public, threshold,
                                r.fixed(SIGNATURE_BYTES), epoch)
     elif kind is Registration:
-        message = Registration(r.u64(), r.fixed(KEY_ID_BYTES), r.fixed(KEY_BYTES),
-                               r.fixed(SIGNATURE_BYTES))
+        client_id, key_id, epoch = r.u64(), r.fixed(KEY_ID_BYTES), r.u64()
+        message = Registration(client_id, key_id, r.fixed(KEY_BYTES), r.fixed(SIGNATURE_BYTES), epoch)
     elif kind is Submission:
         message = Submission(r.u64(), r.fixed(32), bytes(r.view()), r.fixed(SIGNATURE_BYTES),
                              bytes(r.view()))

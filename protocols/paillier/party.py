@@ -5,7 +5,9 @@ Agreement. A party signs at most one contributor list per aggregation sequence n
 contributes decryption shares only to a list carrying valid endorsements from q = floor((N + t -
 1) / 2) + 1 distinct parties (it records that list as its own endorsement, and refuses if it
 endorsed another). Two lists for one sequence number would need 2 q - N > t - 1 common endorsers,
-so at least one honest party signing both: impossible. Every honest client submits to one
+so at least one honest party signing both: impossible. The record lives in an
+:class:`~protocols.paillier.state.EndorsementStore` that outlives this object (a durable one in a
+deployment), so a rebuilt or restarted party still refuses a second list. Every honest client submits to one
 sequence number only (its spec and batch are bound to it), so at most one sum holding any honest
 ciphertext is ever decrypted.
 
@@ -26,6 +28,7 @@ from protocols.paillier import threshold_messages as tm
 from protocols.paillier.binding import check_submission_proof, quorum, share_context
 from protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode
 from protocols.paillier.spec import RoundSpec
+from protocols.paillier.state import EndorsementConflict, EndorsementStore, MemoryEndorsementStore
 from protocols.paillier.trust import PartyDirectory
 from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from secagg.keys import SigningKey, verify
@@ -49,10 +52,15 @@ class DecryptionParty:
         share: its key share.
         roster: client id -> Ed25519 identity public key of every client, the N parties included.
         directory: the dealer's verified party list and verification keys.
+        store: where the endorsed list of each (key, sequence) is recorded (default: in memory,
+            lost on exit). A party rebuilt or restarted on the same store refuses a second list
+            of an aggregation it endorsed before; a deployment passes a durable one
+            (``fedsec.state.SqliteEndorsementStore``).
     """
 
     def __init__(self, client_id: int, *, identity: SigningKey, share: KeyShare,
-                 roster: Mapping[int, bytes], directory: PartyDirectory) -> None:
+                 roster: Mapping[int, bytes], directory: PartyDirectory,
+                 store: EndorsementStore | None = None) -> None:
         if directory.index(client_id) != share.index or len(directory.parties) != share.parties:
             raise InvalidArgumentError("the key share does not match the dealer's party list")
         n_square = share.public_key.n_square
@@ -64,15 +72,17 @@ class DecryptionParty:
         self.client_id, self._identity, self._share = client_id, identity, share
         self._roster, self.directory = dict(roster), directory
         self.quorum = quorum(share.parties, share.threshold)
-        self._endorsed: dict[int, bytes] = {}
+        self.store: EndorsementStore = store if store is not None else MemoryEndorsementStore()
 
     @property
     def public_key(self):
         return self._share.public_key
 
     def _record(self, sequence: int, digest: bytes) -> None:
-        if self._endorsed.setdefault(sequence, digest) != digest:
-            raise ClientAbort(CONFLICT)
+        try:
+            self.store.endorse(self.public_key.key_id, sequence, digest)
+        except (EndorsementConflict, ValueError):
+            raise ClientAbort(CONFLICT) from None
 
     def endorse(self, listing: tm.ContributorList, spec: RoundSpec) -> bytes:
         """Sign ``listing`` (for the verified ``spec``) unless another list of its aggregation was."""

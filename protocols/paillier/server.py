@@ -21,10 +21,12 @@ from protocols.paillier.messages import (
     SUBMIT_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
+    Refusal,
     Submission,
     decode,
     encode,
 )
+from protocols.paillier.keyholder import DecryptionRefused
 from protocols.paillier.spec import RoundSpec
 from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
 from secagg.keys import SigningKey, verify
@@ -116,8 +118,19 @@ class PaillierServer:
         return encode(DecryptionRequest(unsigned.spec, participants, batch, signature))
 
     def finish(self, data: bytes) -> np.ndarray:
-        """The summed words (count word last) from the key holder's result."""
-        result = decode(data, DecryptionResult)
+        """The summed words (count word last) from the key holder's answer.
+
+        Raises :class:`~protocols.paillier.keyholder.DecryptionRefused` on the key holder's
+        refusal and ProtocolAbort on an answer that is neither a result nor a refusal, or does not
+        match the request (both ``fl_core`` AggregationErrors: the round is recorded as aborted)."""
+        try:
+            result = decode(data, DecryptionResult)
+        except MalformedMessage:
+            try:
+                decode(data, Refusal)
+            except MalformedMessage:
+                raise ProtocolAbort("the key holder's answer is malformed") from None
+            raise DecryptionRefused() from None
         if (result.sequence != self.spec.sequence or result.participants != tuple(self.participants)
                 or result.words.size != self.spec.length):
             raise ProtocolAbort("the key holder's result does not match the request")

@@ -50,6 +50,12 @@ class RoundSpec:
         max_contributions: most clients the sum may hold, >= 1.
         tagged: plaintexts carry integrity tags for a key holder (False under threshold custody,
             where the decrypting parties check signed submissions instead).
+
+    Untagged (threshold custody) layouts give every slot one **guard bit** above its
+    ``slot_bits``: slots are ``slot_bits + 1`` wide, an honest sum never sets the guard bit, and
+    the coordinator refuses a combined sum in which any guard bit is set (a slot carried, or a
+    client put a value of ``slot_bits`` bits where the sum overflows). Tagged layouts need no
+    guard: the MAC refuses carries.
     """
 
     sequence: int
@@ -73,9 +79,15 @@ class RoundSpec:
             return 0
         return (self.max_contributions * ((1 << TAG_BITS) - 1)).bit_length()
 
+    @property
+    def guard_bits(self) -> int:
+        """Guard bits above each slot: 1 untagged (threshold custody), 0 tagged."""
+        return 0 if self.tagged else 1
+
     def layout(self, public_key: PaillierPublicKey) -> SlotLayout:
-        return SlotLayout(slot_bits=self.slot_bits, plaintext_bits=public_key.plaintext_bits,
-                          tag_bits=self.tag_bits)
+        """The packing: slots of ``slot_bits + guard_bits`` bits, the tag field on top if tagged."""
+        return SlotLayout(slot_bits=self.slot_bits + self.guard_bits,
+                          plaintext_bits=public_key.plaintext_bits, tag_bits=self.tag_bits)
 
     def ciphertexts(self, public_key: PaillierPublicKey) -> int:
         return self.layout(public_key).ciphertexts_for(self.length)
