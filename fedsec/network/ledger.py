@@ -53,8 +53,10 @@ class EpsilonLedger:
         return [(r, float(e), t) for r, e, t in
                 self._db.execute("SELECT run_id, epsilon, reserved_at FROM reservations ORDER BY rowid")]
 
-    def reserve(self, run_id: str, epsilon: float) -> float:
+    def reserve(self, run_id: str, epsilon: float, *, dry_run: bool = False) -> float:
         """Reserve ``epsilon`` (>= 0, finite) for ``run_id``; returns the lifetime total after it.
+
+        With ``dry_run`` the same checks run and nothing is written.
 
         Raises:
             PolicyRefused: ``dp.max_epsilon_lifetime`` when the total would exceed the cap, or
@@ -79,8 +81,9 @@ class EpsilonLedger:
                                     f"this site has spent epsilon {total:g} of its lifetime {self.lifetime_cap:g}; "
                                     f"the run needs {epsilon:g}")
             else:
-                self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at) VALUES (?, ?, ?)",
-                                 (run_id, float(epsilon), dt.datetime.now(dt.timezone.utc).isoformat()))
+                if not dry_run:
+                    self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at) VALUES (?, ?, ?)",
+                                     (run_id, float(epsilon), dt.datetime.now(dt.timezone.utc).isoformat()))
                 total += epsilon
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -37,6 +37,7 @@ from typing import Any
 
 from fedsec.config import ExperimentConfig
 from fedsec.network.errors import PolicyRefused
+from fedsec.network.ledger import EpsilonLedger
 
 AGGREGATIONS = ("none", "masking", "paillier")
 MODELS = ("logreg", "mlp", "cnn")
@@ -227,3 +228,16 @@ def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *, min_si
     if facts.rounds > policy.max_rounds:
         raise PolicyRefused("rounds.max", f"the plan runs {facts.rounds} rounds; this site allows "
                                           f"{policy.max_rounds}")
+
+
+def admit_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *, ledger: EpsilonLedger, run_id: str,
+               min_sites: int | None = None, dry_run: bool = False) -> PlanFacts:
+    """Check the plan (:func:`check_plan`), then reserve its epsilon in the site's ledger.
+
+    Returns the plan's facts once admitted; raises :class:`PolicyRefused` otherwise, having
+    written nothing. ``dry_run`` checks the ledger without reserving.
+    """
+    facts = plan if isinstance(plan, PlanFacts) else plan_facts(plan, min_sites=min_sites)
+    check_plan(policy, facts)
+    ledger.reserve(run_id, facts.epsilon, dry_run=dry_run)
+    return facts
