@@ -42,3 +42,7 @@ class PolicyRefused(Exception):
     def __init__(self, rule: str, message: str) -> None:
         super().__init__(f"{rule}: {message}")
         self.rule = rule
+
+
+class MalformedFrame(ValueError):
+    """A framed payload is malformed (bad header, over the size limit, length or digest mismatch)."""

@@ -6,7 +6,7 @@ A payload travels as a header message followed by chunk messages:
              | topic length (u16 big-endian) | topic (UTF-8, 1-255 bytes)
     chunk  = the next min(CHUNK_BYTES, remaining) bytes of the payload
 
-The receiver refuses (``MalformedMessage``) a header above its size limit before reading any
+The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before reading any
 chunk, a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a digest
 mismatch. No single gRPC message is larger than ``CHUNK_BYTES``, so gRPC's message-size limits
 stay small and explicit however large the model.
@@ -18,7 +18,7 @@ import hashlib
 import struct
 from collections.abc import Iterable, Iterator
 
-from protocols.errors import MalformedMessage
+from fedsec.network.errors import MalformedFrame
 
 MAGIC = b"FSX1"
 CHUNK_BYTES = 1 << 20
@@ -46,31 +46,31 @@ def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYL
     """Read one framed payload from ``messages``; returns ``(topic, payload)``.
 
     Raises:
-        MalformedMessage: a bad header, a payload over ``max_payload`` bytes, an oversized chunk,
+        MalformedFrame: a bad header, a payload over ``max_payload`` bytes, an oversized chunk,
             a length or SHA-256 mismatch.
     """
     stream = iter(messages)
     header = next(stream, None)
     if header is None or len(header) < _FIXED.size or len(header) > HEADER_MAX:
-        raise MalformedMessage("frame header: missing or of the wrong size")
+        raise MalformedFrame("frame header: missing or of the wrong size")
     magic, length, digest, topic_len = _FIXED.unpack_from(header)
     if magic != MAGIC or len(header) != _FIXED.size + topic_len or topic_len == 0:
-        raise MalformedMessage("frame header: not a fedsec frame")
+        raise MalformedFrame("frame header: not a fedsec frame")
     try:
         topic = header[_FIXED.size:].decode()
     except UnicodeDecodeError:
-        raise MalformedMessage("frame header: topic is not UTF-8") from None
+        raise MalformedFrame("frame header: topic is not UTF-8") from None
     if length > max_payload:
-        raise MalformedMessage(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
+        raise MalformedFrame(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
     buffer = bytearray(length)
     filled = 0
     for chunk in stream:
         if len(chunk) > CHUNK_BYTES or filled + len(chunk) > length:
-            raise MalformedMessage("frame: more bytes than announced or an oversized chunk")
+            raise MalformedFrame("frame: more bytes than announced or an oversized chunk")
         buffer[filled:filled + len(chunk)] = chunk
         filled += len(chunk)
     if filled != length:
-        raise MalformedMessage(f"frame: {filled} of {length} announced bytes arrived")
+        raise MalformedFrame(f"frame: {filled} of {length} announced bytes arrived")
     if hashlib.sha256(buffer).digest() != digest:
-        raise MalformedMessage("frame: SHA-256 mismatch")
+        raise MalformedFrame("frame: SHA-256 mismatch")
     return topic, bytes(buffer)

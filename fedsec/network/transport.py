@@ -34,10 +34,9 @@ from pathlib import Path
 import grpc
 from cryptography import x509
 
-from fedsec.network.errors import PeerRejected
+from fedsec.network.errors import MalformedFrame, PeerRejected
 from fedsec.network.framing import DEFAULT_MAX_PAYLOAD, MESSAGE_MAX, frames, reassemble
 from fedsec.network.pki import Peer, Trust, dns_name, verify_peer
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 
 SERVICE = "fedsec.v1.Transport"
 METHOD = f"/{SERVICE}/Exchange"
@@ -68,9 +67,10 @@ class TransportServer:
     Args:
         trust: the federation's root and revocation list.
         cert_pem, key_pem: this server's certificate and TLS private key (PEM).
-        handler: ``handler(peer, topic, payload) -> reply``. ``MalformedMessage`` it raises
-            becomes ``INVALID_ARGUMENT``, ``ClientAbort``/``ProtocolAbort`` ``FAILED_PRECONDITION``,
-            anything else ``INTERNAL`` (no detail to the peer).
+        handler: ``handler(peer, topic, payload) -> reply``. A ``ValueError`` it raises (the
+            protocols' ``MalformedMessage`` among them) becomes ``INVALID_ARGUMENT``, the protocols'
+            ``ClientAbort``/``ProtocolAbort`` ``FAILED_PRECONDITION`` with their reason, anything
+            else ``INTERNAL`` with no detail.
         roster: names admitted (``None``: any enrolled name with an accepted role).
         roles: client roles admitted, e.g. ``("site",)`` or ``("site", "keyholder")``.
         listen: ``HOST:PORT``; port 0 picks a free one (see :attr:`port` after :meth:`start`).
@@ -131,12 +131,14 @@ class TransportServer:
         try:
             topic, payload = reassemble(requests, max_payload=self.max_payload)
             reply = self.handler(peer, topic, payload)
-        except MalformedMessage as error:
+        except ValueError as error:
             _log.warning("malformed message from %s: %s", peer.name, error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
-        except (ClientAbort, ProtocolAbort) as error:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-        except Exception:
+        except Exception as error:
+            from protocols.errors import ClientAbort, ProtocolAbort
+
+            if isinstance(error, ClientAbort | ProtocolAbort):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             _log.exception("handler failed on a call from %s", peer.name)
             context.abort(grpc.StatusCode.INTERNAL, "failed")
         yield from frames(topic, reply)
@@ -204,7 +206,7 @@ class TransportClient:
         Raises:
             TransportError: the call failed (status code name in ``code``).
             PeerRejected: the server's certificate is revoked or not the expected party.
-            MalformedMessage: the reply is malformed.
+            MalformedFrame: the reply is malformed.
         """
         if not self._server_checked:
             self.check_server()
@@ -214,7 +216,7 @@ class TransportClient:
         except grpc.RpcError as error:
             raise TransportError(error.code().name, error.details() or "") from None
         if reply_topic != topic:
-            raise MalformedMessage(f"reply topic {reply_topic!r} does not answer {topic!r}")
+            raise MalformedFrame(f"reply topic {reply_topic!r} does not answer {topic!r}")
         return reply
 
     def close(self) -> None:
