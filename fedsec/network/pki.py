@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -254,20 +254,22 @@ def read_request(csr_pem: bytes) -> tuple[x509.CertificateSigningRequest, str, s
     a P-256 key and an identity key. Returns ``(csr, name, role)``."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
-    except ValueError:
-        raise EnrolmentError("malformed", "not a PEM certificate signing request") from None
-    if not csr.is_signature_valid:
+        valid = csr.is_signature_valid
+        key = csr.public_key()
+        subject, extensions = csr.subject, csr.extensions
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise EnrolmentError("malformed", "not a well-formed certificate signing request") from None
+    if not valid:
         raise EnrolmentError("bad_signature", "the request's signature does not verify")
-    key = csr.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
         raise EnrolmentError("bad_key", "the request's key is not ECDSA P-256")
-    name = check_name(_one_attribute(csr.subject, NameOID.COMMON_NAME, "common name"))
-    role = check_role(_one_attribute(csr.subject, NameOID.ORGANIZATIONAL_UNIT_NAME, "role (OU)"))
-    if len(csr.subject) != 2:
+    name = check_name(_one_attribute(subject, NameOID.COMMON_NAME, "common name"))
+    role = check_role(_one_attribute(subject, NameOID.ORGANIZATIONAL_UNIT_NAME, "role (OU)"))
+    if len(subject) != 2:
         raise EnrolmentError("malformed", "the subject must carry only the name and the role")
-    if _dns_names(csr.extensions) != [dns_name(name, role)]:
+    if _dns_names(extensions) != [dns_name(name, role)]:
         raise EnrolmentError("bad_name", f"the request's DNS name must be {dns_name(name, role)}")
-    _identity_from(csr.extensions)
+    _identity_from(extensions)
     return csr, name, role
 
 
@@ -403,7 +405,7 @@ def verify_peer(cert: x509.Certificate | bytes, *, trust: Trust, roles: tuple[st
         if isinstance(cert, bytes):
             cert = x509.load_pem_x509_certificate(cert)
         cert.verify_directly_issued_by(trust.ca_cert)
-    except (ValueError, TypeError, InvalidSignature):
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
         raise PeerRejected("chain") from None
     moment = now or _now()
     if moment < cert.not_valid_before_utc:
@@ -418,7 +420,7 @@ def verify_peer(cert: x509.Certificate | bytes, *, trust: Trust, roles: tuple[st
         if _dns_names(cert.extensions) != [dns_name(name, role)]:
             raise PeerRejected("malformed", name)
         identity = _identity_from(cert.extensions)
-    except (EnrolmentError, x509.ExtensionNotFound):
+    except (EnrolmentError, x509.ExtensionNotFound, ValueError):
         raise PeerRejected("malformed") from None
     if role not in roles:
         raise PeerRejected("role", f"{name} is a {role}")
