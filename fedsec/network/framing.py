@@ -2,13 +2,15 @@
 
 A payload travels as a header message followed by chunk messages:
 
-    header = b"FSX1" | length (u64 big-endian, bytes) | SHA-256 of the payload (32 bytes)
+    header = b"FSX1" | length (u64 big-endian, bytes) | digest (32 bytes)
              | topic length (u16 big-endian) | topic (UTF-8, 1-255 bytes)
+    digest = SHA-256(topic length | topic | payload)
     chunk  = the next min(CHUNK_BYTES, remaining) bytes of the payload
 
 The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before reading any
 chunk, a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a digest
-mismatch. No single gRPC message is larger than ``CHUNK_BYTES``, so gRPC's message-size limits
+mismatch. TLS already protects the stream against a network attacker; the digest binds the
+topic to the payload and catches truncation or a bug on either end. No single gRPC message is larger than ``CHUNK_BYTES``, so gRPC's message-size limits
 stay small and explicit however large the model.
 """
 
@@ -31,13 +33,19 @@ DEFAULT_MAX_PAYLOAD = 256 << 20
 _FIXED = struct.Struct(">4sQ32sH")
 
 
+def _digest(topic: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+    h = hashlib.sha256(len(topic).to_bytes(2, "big") + topic)
+    h.update(payload)
+    return h.digest()
+
+
 def frames(topic: str, payload: bytes | bytearray | memoryview) -> Iterator[bytes]:
     """The header, then the payload in chunks of at most :data:`CHUNK_BYTES`."""
     name = topic.encode()
     if not 1 <= len(name) <= 255:
         raise ValueError("topic: must be 1-255 bytes of UTF-8")
     view = memoryview(payload).cast("B")
-    yield _FIXED.pack(MAGIC, len(view), hashlib.sha256(view).digest(), len(name)) + name
+    yield _FIXED.pack(MAGIC, len(view), _digest(name, view), len(name)) + name
     for start in range(0, len(view), CHUNK_BYTES):
         yield bytes(view[start:start + CHUNK_BYTES])
 
@@ -71,6 +79,6 @@ def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYL
         filled += len(chunk)
     if filled != length:
         raise MalformedFrame(f"frame: {filled} of {length} announced bytes arrived")
-    if hashlib.sha256(buffer).digest() != digest:
+    if _digest(header[_FIXED.size:], buffer) != digest:
         raise MalformedFrame("frame: SHA-256 mismatch")
     return topic, bytes(buffer)
