@@ -10,7 +10,8 @@ A payload travels as a header message followed by chunk messages:
 The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before reading any
 chunk, a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a digest
 mismatch. TLS already protects the stream against a network attacker; the digest binds the
-topic to the payload and catches truncation or a bug on either end. No single gRPC message is larger than ``CHUNK_BYTES``, so gRPC's message-size limits
+topic to the payload and catches truncation or a bug on either end. No single gRPC message is
+larger than ``CHUNK_BYTES``, so gRPC's message-size limits
 stay small and explicit however large the model.
 """
 

@@ -78,11 +78,13 @@ class EpsilonLedger:
                                                      f"not {epsilon:g}")
             elif total + epsilon > self.lifetime_cap + _TOLERANCE:
                 raise PolicyRefused("dp.max_epsilon_lifetime",
-                                    f"this site has spent epsilon {total:g} of its lifetime {self.lifetime_cap:g}; "
+                                    f"this site has spent epsilon {total:g} of its lifetime "
+                                    f"{self.lifetime_cap:g}; "
                                     f"the run needs {epsilon:g}")
             else:
                 if not dry_run:
-                    self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at) VALUES (?, ?, ?)",
+                    self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at) "
+                                     "VALUES (?, ?, ?)",
                                      (run_id, float(epsilon), dt.datetime.now(dt.timezone.utc).isoformat()))
                 total += epsilon
         except BaseException:

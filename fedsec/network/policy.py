@@ -198,7 +198,8 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
                      epsilon=epsilon, model=config.model.name, rounds=config.rounds)
 
 
-def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *, min_sites: int | None = None) -> None:
+def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
+               min_sites: int | None = None) -> None:
     """Raise :class:`PolicyRefused` naming the first rule of :data:`RULES` the plan breaks.
 
     The lifetime rule needs the site's history and is the :class:`EpsilonLedger`'s.

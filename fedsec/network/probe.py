@@ -75,7 +75,8 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedsec.network.probe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedsec.network.probe",
+                                     description=__doc__.split("\n")[0])
     tools = parser.add_subparsers(dest="tool", required=True)
     serve = tools.add_parser("serve", help="run the echo server")
     call = tools.add_parser("call", help="call an echo server")

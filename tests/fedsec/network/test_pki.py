@@ -32,7 +32,8 @@ def test_ca_and_site_files_keys_private_and_never_overwritten(tmp_path):
     with pytest.raises(EnrolmentError, match="exists"):
         pki.init_ca(tmp_path / "ca", name="Study")
     csr = pki.init_site(tmp_path / "s", name="hosp-a", role="site")
-    assert _mode(tmp_path / "s" / "hosp-a.key") == 0o600 and _mode(tmp_path / "s" / "hosp-a.identity.key") == 0o600
+    assert _mode(tmp_path / "s" / "hosp-a.key") == 0o600
+    assert _mode(tmp_path / "s" / "hosp-a.identity.key") == 0o600
     assert csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "hosp-a"
     with pytest.raises(EnrolmentError, match="exists"):
         pki.init_site(tmp_path / "s", name="hosp-a", role="site")
@@ -73,7 +74,8 @@ def _csr(subject, san, *, identity=True, key=None):
 
 
 def _subject(name, role):
-    return [x509.NameAttribute(NameOID.COMMON_NAME, name), x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]
+    return [x509.NameAttribute(NameOID.COMMON_NAME, name),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]
 
 
 @pytest.mark.parametrize("make, reason", [
@@ -137,7 +139,8 @@ def _forge(subject_name, issuer_key, *, issuer=None, ca=False, days=(-1, 30), ro
     builder = (x509.CertificateBuilder().subject_name(x509.Name(_subject(name, role)))
                .issuer_name(issuer or subject_name).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(now + dt.timedelta(days=days[0])).not_valid_after(now + dt.timedelta(days=days[1]))
+               .not_valid_before(now + dt.timedelta(days=days[0]))
+               .not_valid_after(now + dt.timedelta(days=days[1]))
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
                .add_extension(x509.SubjectAlternativeName([x509.DNSName(pki.dns_name(name, role))]),
                               critical=False))
@@ -167,7 +170,8 @@ def test_verify_peer_refuses_forgeries_expired_and_misused_certificates(study):
     assert caught.value.reason == "chain"
     good = _forge(None, ca_key, issuer=ca_cert.subject)
     assert pki.verify_peer(good, trust=trust, roles=("site",), roster={"hosp-a"}).name == "hosp-a"
-    for kwargs, reason in [({"roles": ("server",)}, "role"), ({"roles": ("site",), "roster": {"b"}}, "roster")]:
+    for kwargs, reason in [({"roles": ("server",)}, "role"),
+                           ({"roles": ("site",), "roster": {"b"}}, "roster")]:
         with pytest.raises(PeerRejected) as caught:
             pki.verify_peer(good, trust=trust, **kwargs)
         assert caught.value.reason == reason
@@ -178,7 +182,8 @@ def test_revocation_is_seen_without_restart_and_a_forged_crl_fails_closed(tmp_pa
     certs = []
     for name in ("a", "b"):
         pki.init_site(tmp_path / name, name=name, role="site")
-        certs.append(pki.sign_request(tmp_path / "ca", (tmp_path / name / f"{name}.csr").read_bytes()).certificate)
+        csr = (tmp_path / name / f"{name}.csr").read_bytes()
+        certs.append(pki.sign_request(tmp_path / "ca", csr).certificate)
     trust = pki.Trust.load(tmp_path / "ca" / "ca.crt", tmp_path / "ca" / "ca.crl")
     assert pki.verify_peer(certs[0], trust=trust, roles=("site",)).name == "a"
     pem = certs[0].public_bytes(serialization.Encoding.PEM)

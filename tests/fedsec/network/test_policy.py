@@ -13,10 +13,11 @@ from fedsec.config import make_config
 from fedsec.network.errors import PolicyRefused
 from fedsec.network.ledger import EpsilonLedger
 from fedsec.network.policy import (AGGREGATIONS, MODELS, RULES, PlanFacts, SitePolicy, admit_plan,
-                                   check_plan, load_policy, plan_facts, policy_from_mapping)
+                                   check_plan, load_policy, plan_facts)
 
 STRICT = SitePolicy(aggregation_allowed=("masking",), min_threshold=3, min_sites=4, require_active=True,
-                    dp_required=True, max_epsilon_run=2.0, max_epsilon_lifetime=5.0, models_allowed=("logreg",),
+                    dp_required=True, max_epsilon_run=2.0, max_epsilon_lifetime=5.0,
+                    models_allowed=("logreg",),
                     max_rounds=50)
 GOOD = PlanFacts(aggregation="masking", active=True, sites_per_round=6, threshold=4, dp=True,
                  reproducible=False, epsilon=1.5, model="logreg", rounds=20)
@@ -29,11 +30,14 @@ def test_site_toml_parsed_and_unknown_or_bad_keys_named(tmp_path):
                     '[models]\nallowed = ["logreg"]\n[rounds]\nmax = 50\n')
     assert load_policy(path) == STRICT
     for text, key in [("[dp]\nmax_epsilon = 1\n", "dp.max_epsilon"), ("[network]\nx = 1\n", "network.x"),
-                      ("rounds = 3\n", "rounds"), ('[aggregation]\nallowed = ["plain"]\n', "aggregation.allowed"),
+                      ("rounds = 3\n", "rounds"),
+                      ('[aggregation]\nallowed = ["plain"]\n', "aggregation.allowed"),
                       ("[aggregation]\nmin_sites = 1\n", "aggregation.min_sites"),
-                      ('[dp]\nrequired = "yes"\n', "dp.required"), ("[dp]\nmax_epsilon_run = nan\n", "dp.max_epsilon_run"),
+                      ('[dp]\nrequired = "yes"\n', "dp.required"),
+                      ("[dp]\nmax_epsilon_run = nan\n", "dp.max_epsilon_run"),
                       ("[dp]\nmax_epsilon_run = 5\nmax_epsilon_lifetime = 4\n", "dp.max_epsilon_lifetime"),
-                      ("[rounds]\nmax = 2.5\n", "rounds.max"), ("[models]\nallowed = []\n", "models.allowed")]:
+                      ("[rounds]\nmax = 2.5\n", "rounds.max"),
+                      ("[models]\nallowed = []\n", "models.allowed")]:
         path.write_text(text)
         with pytest.raises(ValueError, match=f"^{key.replace('.', '[.]')}:"):
             load_policy(path)
@@ -81,13 +85,15 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
 
 
 @settings(max_examples=150, deadline=None)
-@given(policy=st.builds(SitePolicy, aggregation_allowed=subsets(AGGREGATIONS), min_threshold=st.integers(2, 6),
+@given(policy=st.builds(SitePolicy, aggregation_allowed=subsets(AGGREGATIONS),
+                        min_threshold=st.integers(2, 6),
                         min_sites=st.integers(2, 8), require_active=st.booleans(), dp_required=st.booleans(),
                         max_epsilon_run=st.floats(0.5, 4), max_epsilon_lifetime=st.just(100.0),
                         models_allowed=subsets(MODELS), max_rounds=st.integers(1, 100)),
        facts=st.builds(PlanFacts, aggregation=st.sampled_from(AGGREGATIONS), active=st.booleans(),
                        sites_per_round=st.integers(2, 10), threshold=st.integers(0, 8), dp=st.booleans(),
-                       reproducible=st.booleans(), epsilon=st.sampled_from([0.0, 0.5, 1.0, 3.0, 8.0, math.inf]),
+                       reproducible=st.booleans(),
+                       epsilon=st.sampled_from([0.0, 0.5, 1.0, 3.0, 8.0, math.inf]),
                        model=st.sampled_from(MODELS), rounds=st.integers(1, 200)))
 def test_a_searching_coordinator_gets_nothing_past_the_policy(policy, facts):
     """Any plan a coordinator can propose: admitted exactly when no rule is broken, and the rule named is
@@ -124,7 +130,8 @@ def test_ledger_refuses_overspending_across_restarts(tmp_path):
         assert ledger.spent() == 2.0
     with EpsilonLedger(tmp_path, lifetime_cap=5.0) as ledger:  # the site restarts
         admit_plan(policy, plan, ledger=ledger, run_id="plan-2")
-        admit_plan(policy, dataclasses.replace(plan, epsilon=1.0), ledger=ledger, run_id="plan-5", dry_run=True)
+        admit_plan(policy, dataclasses.replace(plan, epsilon=1.0), ledger=ledger, run_id="plan-5",
+                   dry_run=True)
         assert ledger.spent() == 4.0  # a dry run writes nothing
         for dry_run in (True, False):
             with pytest.raises(PolicyRefused) as caught:

@@ -21,7 +21,8 @@ def server_process(study):
     coordinator = study.parties["coordinator"]
     process = subprocess.Popen(
         [sys.executable, "-m", "fedsec.network.probe", "serve", "--ca", str(study.ca_dir / "ca.crt"),
-         "--crl", str(study.ca_dir / "ca.crl"), "--cert", str(coordinator.cert), "--key", str(coordinator.key),
+         "--crl", str(study.ca_dir / "ca.crl"), "--cert", str(coordinator.cert),
+         "--key", str(coordinator.key),
          "--roster", "hosp-a,hosp-revoked"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
