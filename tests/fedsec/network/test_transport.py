@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 import pytest
@@ -12,7 +13,12 @@ from fedsec.network.transport import TransportClient, TransportError, TransportS
 from protocols.errors import MalformedMessage
 
 
+RELEASE = threading.Event()
+
+
 def _echo(peer, topic, payload):
+    if topic == "slow":
+        RELEASE.wait(timeout=3)
     if topic == "whoami":
         return f"{peer.name}/{peer.role}".encode()
     if topic == "bad":
@@ -98,3 +104,41 @@ def test_handler_errors_map_to_status_codes_without_detail(study, server):
         with pytest.raises(TransportError) as caught:
             client.call("bad", b"x")
     assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_site_certificate_cannot_serve_as_the_coordinator(study):
+    """Vice versa of a site presenting a server role: a site's certificate listening as a server."""
+    site = study.parties["hosp-b"]
+    srv = TransportServer(trust=study.trust(), cert_pem=site.cert_pem, key_pem=site.key_pem, handler=_echo,
+                          roster=None, roles=("site",))
+    srv.start()
+    try:
+        with _client(study, srv, study.parties["hosp-a"], server_name="hosp-b",
+                     server_role="server") as client:
+            with pytest.raises(TransportError) as caught:
+                client.call("whoami", b"")
+        assert caught.value.code == "UNAVAILABLE"
+    finally:
+        srv.stop(0)
+
+
+def test_deadline_and_payload_limit_are_enforced_over_the_wire(study, server):
+    with _client(study, server, study.parties["hosp-a"]) as client:
+        try:
+            with pytest.raises(TransportError) as caught:
+                client.call("slow", b"", deadline=0.2)
+            assert caught.value.code == "DEADLINE_EXCEEDED"
+        finally:
+            RELEASE.set()
+    coordinator = study.parties["coordinator"]
+    small = TransportServer(trust=study.trust(), cert_pem=coordinator.cert_pem, key_pem=coordinator.key_pem,
+                            handler=_echo, roster=None, roles=("site",), max_payload=1000)
+    small.start()
+    try:
+        with _client(study, small, study.parties["hosp-a"]) as client:
+            assert client.call("echo", b"x" * 1000) == b"x" * 1000
+            with pytest.raises(TransportError) as caught:
+                client.call("echo", b"x" * 1001)
+        assert caught.value.code == "INVALID_ARGUMENT"
+    finally:
+        small.stop(0)
