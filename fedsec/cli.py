@@ -13,6 +13,7 @@ from dp.errors import DPError
 from fedsec import __version__
 from fedsec.config import ExperimentConfig, load_config
 from fedsec.errors import ConfigError
+from fedsec.network import cli as network_cli
 from fl_core.errors import FLError
 
 EXIT_CONFIG = 2
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     eps.add_argument("--delta", type=float, required=True, help="delta, in (0, 1)")
     eps.add_argument("--accountant", choices=("pld", "prv", "rdp"), default="pld")
     eps.add_argument("--json", action="store_true", help='print {"epsilon": ...}')
+    network_cli.register(commands)
     return parser
 
 
@@ -90,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _epsilon(args)
             if args.command == "sweep":
                 return _sweep(args)
+            if args.command in ("ca", "site"):
+                return network_cli.run(args)
     except KeyboardInterrupt:
         print("fedsec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

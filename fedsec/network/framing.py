@@ -1,0 +1,85 @@
+"""Chunked framing of one payload as a stream of gRPC messages.
+
+A payload travels as a header message followed by chunk messages:
+
+    header = b"FSX1" | length (u64 big-endian, bytes) | digest (32 bytes)
+             | topic length (u16 big-endian) | topic (UTF-8, 1-255 bytes)
+    digest = SHA-256(topic length | topic | payload)
+    chunk  = the next min(CHUNK_BYTES, remaining) bytes of the payload
+
+The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before reading any
+chunk, a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a digest
+mismatch. TLS already protects the stream against a network attacker; the digest binds the
+topic to the payload and catches truncation or a bug on either end. No single gRPC message is
+larger than ``CHUNK_BYTES``, so gRPC's message-size limits
+stay small and explicit however large the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Iterator
+
+from fedsec.network.errors import MalformedFrame
+
+MAGIC = b"FSX1"
+CHUNK_BYTES = 1 << 20
+"""Payload bytes per gRPC message (1 MiB)."""
+HEADER_MAX = len(MAGIC) + 8 + 32 + 2 + 255
+MESSAGE_MAX = CHUNK_BYTES + 1024
+"""The gRPC send/receive message limit both ends set (a chunk or a header, with room to spare)."""
+DEFAULT_MAX_PAYLOAD = 256 << 20
+"""Largest payload a receiver accepts by default (256 MiB: 64M float32 parameters)."""
+_FIXED = struct.Struct(">4sQ32sH")
+
+
+def _digest(topic: bytes, payload: bytes | bytearray | memoryview) -> bytes:
+    h = hashlib.sha256(len(topic).to_bytes(2, "big") + topic)
+    h.update(payload)
+    return h.digest()
+
+
+def frames(topic: str, payload: bytes | bytearray | memoryview) -> Iterator[bytes]:
+    """The header, then the payload in chunks of at most :data:`CHUNK_BYTES`."""
+    name = topic.encode()
+    if not 1 <= len(name) <= 255:
+        raise ValueError("topic: must be 1-255 bytes of UTF-8")
+    view = memoryview(payload).cast("B")
+    yield _FIXED.pack(MAGIC, len(view), _digest(name, view), len(name)) + name
+    for start in range(0, len(view), CHUNK_BYTES):
+        yield bytes(view[start:start + CHUNK_BYTES])
+
+
+def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[str, bytes]:
+    """Read one framed payload from ``messages``; returns ``(topic, payload)``.
+
+    Raises:
+        MalformedFrame: a bad header, a payload over ``max_payload`` bytes, an oversized chunk,
+            a length or SHA-256 mismatch.
+    """
+    stream = iter(messages)
+    header = next(stream, None)
+    if header is None or len(header) < _FIXED.size or len(header) > HEADER_MAX:
+        raise MalformedFrame("frame header: missing or of the wrong size")
+    magic, length, digest, topic_len = _FIXED.unpack_from(header)
+    if magic != MAGIC or len(header) != _FIXED.size + topic_len or topic_len == 0:
+        raise MalformedFrame("frame header: not a fedsec frame")
+    try:
+        topic = header[_FIXED.size:].decode()
+    except UnicodeDecodeError:
+        raise MalformedFrame("frame header: topic is not UTF-8") from None
+    if length > max_payload:
+        raise MalformedFrame(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
+    buffer = bytearray(length)
+    filled = 0
+    for chunk in stream:
+        if len(chunk) > CHUNK_BYTES or filled + len(chunk) > length:
+            raise MalformedFrame("frame: more bytes than announced or an oversized chunk")
+        buffer[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    if filled != length:
+        raise MalformedFrame(f"frame: {filled} of {length} announced bytes arrived")
+    if _digest(header[_FIXED.size:], buffer) != digest:
+        raise MalformedFrame("frame: SHA-256 mismatch")
+    return topic, bytes(buffer)

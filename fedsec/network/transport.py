@@ -1,0 +1,229 @@
+"""gRPC with mutual TLS between the parties of a federation: one generic bytes method, chunked.
+
+One bidirectional-streaming method ``/fedsec.v1.Transport/Exchange`` carries one framed request
+(:mod:`fedsec.network.framing`) and returns one framed reply; no protoc code generation, the
+messages are the protocols' canonical bytes. Both ends build their TLS credentials from the
+federation's root and their own certificate and key:
+
+- the server requires a client certificate chaining to the root (TLS), and on every call reads
+  the client's verified certificate from the gRPC auth context and admits it with
+  :func:`~fedsec.network.pki.verify_peer` (role, revocation list re-read when it changes, roster).
+  The handler is told the peer's name from that certificate, never from anything the peer sends.
+  A rejected peer gets ``UNAUTHENTICATED`` (not a valid member: wrong chain, expired, revoked) or
+  ``PERMISSION_DENIED`` (valid, but a role or name this server does not accept), with no detail;
+  the reason is logged on the server.
+- the client trusts only the root, and TLS host-name checking matches the server's certificate
+  against ``NAME.ROLE.fedsec``, so the server's name and role are checked in the handshake. Before
+  its first call :meth:`TransportClient.check_server` fetches the server certificate once more
+  with the standard library's TLS client and runs ``verify_peer`` on it (revocation list, roster).
+
+Every call has a deadline (seconds); every gRPC message is at most ``MESSAGE_MAX`` bytes, and a
+payload at most ``max_payload`` bytes (checked from the header before any chunk is read).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+from fedsec.network.errors import MalformedFrame, PeerRejected
+from fedsec.network.framing import DEFAULT_MAX_PAYLOAD, MESSAGE_MAX, frames, reassemble
+from fedsec.network.pki import Peer, Trust, dns_name, verify_peer
+
+SERVICE = "fedsec.v1.Transport"
+METHOD = f"/{SERVICE}/Exchange"
+DEFAULT_DEADLINE = 60.0
+Handler = Callable[[Peer, str, bytes], bytes]
+"""``handler(peer, topic, payload) -> reply``: what a server does with one admitted call."""
+_log = logging.getLogger(__name__)
+
+
+class TransportError(Exception):
+    """A call failed; ``code`` is the gRPC status name (e.g. ``"UNAUTHENTICATED"``,
+    ``"DEADLINE_EXCEEDED"``, ``"UNAVAILABLE"`` for a refused handshake)."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+
+
+def _options(max_payload: int) -> list[tuple[str, int]]:
+    if max_payload < 1:
+        raise ValueError("max_payload: must be >= 1 byte")
+    return [("grpc.max_send_message_length", MESSAGE_MAX), ("grpc.max_receive_message_length", MESSAGE_MAX)]
+
+
+class TransportServer:
+    """A gRPC server that admits only enrolled peers and hands their calls to ``handler``.
+
+    Args:
+        trust: the federation's root and revocation list.
+        cert_pem, key_pem: this server's certificate and TLS private key (PEM).
+        handler: ``handler(peer, topic, payload) -> reply``. A ``ValueError`` it raises (the
+            protocols' ``MalformedMessage`` among them) becomes ``INVALID_ARGUMENT``, the protocols'
+            ``ClientAbort``/``ProtocolAbort`` ``FAILED_PRECONDITION`` with their reason, anything
+            else ``INTERNAL`` with no detail.
+        roster: names admitted (``None``: any enrolled name with an accepted role).
+        roles: client roles admitted, e.g. ``("site",)`` or ``("site", "keyholder")``.
+        listen: ``HOST:PORT``; port 0 picks a free one (see :attr:`port` after :meth:`start`).
+        max_payload: largest request payload in bytes.
+        workers: threads serving calls concurrently.
+    """
+
+    def __init__(self, *, trust: Trust, cert_pem: bytes, key_pem: bytes, handler: Handler,
+                 roster: frozenset[str] | set[str] | None, roles: tuple[str, ...] = ("site",),
+                 listen: str = "127.0.0.1:0", max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 workers: int = 8) -> None:
+        if not roles:
+            raise ValueError("roles: at least one client role must be admitted")
+        self.trust = trust
+        self.handler = handler
+        self.roster = None if roster is None else frozenset(roster)
+        self.roles = tuple(roles)
+        self.max_payload = max_payload
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                                   options=_options(max_payload))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            SERVICE, {"Exchange": grpc.stream_stream_rpc_method_handler(self._exchange)}),))
+        credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=trust.ca_pem,
+                                                  require_client_auth=True)
+        self.port = self._server.add_secure_port(listen, credentials)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {listen}")
+
+    def start(self) -> int:
+        """Start serving; returns the port."""
+        self._server.start()
+        return self.port
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop accepting calls; calls in flight get ``grace`` seconds to finish."""
+        self._server.stop(grace).wait()
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        self._server.wait_for_termination()
+
+    def admit(self, context: grpc.ServicerContext) -> Peer:
+        """The calling peer, from its TLS-verified certificate; raises :class:`PeerRejected`."""
+        pems = context.auth_context().get("x509_pem_cert") or []
+        if len(pems) != 1:
+            raise PeerRejected("malformed", "no client certificate")
+        return verify_peer(x509.load_pem_x509_certificate(pems[0]), trust=self.trust, roles=self.roles,
+                           roster=self.roster)
+
+    def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            peer = self.admit(context)
+        except PeerRejected as error:
+            _log.warning("peer rejected: %s (%s)", error, context.peer())
+            code = (grpc.StatusCode.UNAUTHENTICATED if error.reason in PeerRejected.UNAUTHENTICATED
+                    else grpc.StatusCode.PERMISSION_DENIED)
+            context.abort(code, "rejected")
+        try:
+            topic, payload = reassemble(requests, max_payload=self.max_payload)
+            reply = self.handler(peer, topic, payload)
+        except ValueError as error:
+            _log.warning("malformed message from %s: %s", peer.name, error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
+        except Exception as error:
+            from protocols.errors import ClientAbort, ProtocolAbort
+
+            if isinstance(error, ClientAbort | ProtocolAbort):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            _log.exception("handler failed on a call from %s", peer.name)
+            context.abort(grpc.StatusCode.INTERNAL, "failed")
+        yield from frames(topic, reply)
+
+
+class TransportClient:
+    """A party's connection to one server (the coordinator or the key holder).
+
+    Args:
+        address: ``HOST:PORT`` of the server.
+        trust: the federation's root and revocation list.
+        cert_path, key_path: this party's certificate and TLS key files (PEM).
+        server_name: the name the server's certificate must carry.
+        server_role: the role it must carry (``"server"`` or ``"keyholder"``).
+        deadline: default per-call deadline in seconds, > 0.
+        max_payload: largest reply payload in bytes.
+    """
+
+    def __init__(self, *, address: str, trust: Trust, cert_path: str | Path, key_path: str | Path,
+                 server_name: str, server_role: str = "server", deadline: float = DEFAULT_DEADLINE,
+                 max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        if not deadline > 0:
+            raise ValueError("deadline: must be > 0 seconds")
+        self.address = address
+        self.trust = trust
+        self.cert_path, self.key_path = Path(cert_path), Path(key_path)
+        self.server_name, self.server_role = server_name, server_role
+        self.deadline = deadline
+        self.max_payload = max_payload
+        credentials = grpc.ssl_channel_credentials(root_certificates=trust.ca_pem,
+                                                   private_key=self.key_path.read_bytes(),
+                                                   certificate_chain=self.cert_path.read_bytes())
+        options = [*_options(max_payload),
+                   ("grpc.ssl_target_name_override", dns_name(server_name, server_role))]
+        self._channel = grpc.secure_channel(address, credentials, options=options)
+        self._exchange = self._channel.stream_stream(METHOD)
+        self._server_checked = False
+
+    def check_server(self, timeout: float = 10.0) -> Peer:
+        """Fetch the server's certificate over TLS and admit it (root, role, name, revocation list)."""
+        host, _, port = self.address.rpartition(":")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.set_alpn_protocols(["h2"])
+        with tempfile.NamedTemporaryFile() as ca:
+            ca.write(self.trust.ca_pem)
+            ca.flush()
+            context.load_verify_locations(ca.name)
+        context.load_cert_chain(self.cert_path, self.key_path)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw:
+                with context.wrap_socket(raw, server_hostname=dns_name(self.server_name,
+                                                                       self.server_role)) as tls:
+                    der = tls.getpeercert(binary_form=True)
+        except OSError:
+            raise TransportError("UNAVAILABLE", "TLS handshake with the server failed") from None
+        peer = verify_peer(x509.load_der_x509_certificate(der), trust=self.trust, roles=(self.server_role,),
+                           roster={self.server_name})
+        self._server_checked = True
+        return peer
+
+    def call(self, topic: str, payload: bytes, *, deadline: float | None = None) -> bytes:
+        """Send one payload under ``topic`` and return the reply payload.
+
+        Raises:
+            TransportError: the call failed (status code name in ``code``).
+            PeerRejected: the server's certificate is revoked or not the expected party.
+            MalformedFrame: the reply is malformed.
+        """
+        if not self._server_checked:
+            self.check_server()
+        try:
+            replies = self._exchange(frames(topic, payload), timeout=deadline or self.deadline)
+            reply_topic, reply = reassemble(replies, max_payload=self.max_payload)
+        except grpc.RpcError as error:
+            raise TransportError(error.code().name, error.details() or "") from None
+        if reply_topic != topic:
+            raise MalformedFrame(f"reply topic {reply_topic!r} does not answer {topic!r}")
+        return reply
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> TransportClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,144 @@
+"""gRPC + mutual TLS between real servers on 127.0.0.1 and clients in this process."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+
+from fedsec.network.errors import PeerRejected
+from fedsec.network.transport import TransportClient, TransportError, TransportServer
+from protocols.errors import MalformedMessage
+
+
+RELEASE = threading.Event()
+
+
+def _echo(peer, topic, payload):
+    if topic == "slow":
+        RELEASE.wait(timeout=3)
+    if topic == "whoami":
+        return f"{peer.name}/{peer.role}".encode()
+    if topic == "bad":
+        raise MalformedMessage("bad")
+    return payload
+
+
+@pytest.fixture(scope="module")
+def server(study):
+    coordinator = study.parties["coordinator"]
+    srv = TransportServer(trust=study.trust(), cert_pem=coordinator.cert_pem, key_pem=coordinator.key_pem,
+                          handler=_echo, roster={"hosp-a", "hosp-b", "hosp-revoked", "rogue-server"},
+                          roles=("site",))
+    srv.start()
+    yield srv
+    srv.stop(0)
+
+
+def _client(study, server, party, *, server_name="coordinator", server_role="server", trust=None):
+    return TransportClient(address=f"127.0.0.1:{server.port}", trust=trust or study.trust(),
+                           cert_path=party.cert, key_path=party.key, server_name=server_name,
+                           server_role=server_role, deadline=5.0)
+
+
+def test_enrolled_site_on_the_roster_is_served_under_its_certificate_name(study, server):
+    with _client(study, server, study.parties["hosp-a"]) as client:
+        assert client.call("whoami", b"I am hosp-b, trust me") == b"hosp-a/site"
+        assert client.call("echo", b"\x00\x01" * 5) == b"\x00\x01" * 5
+        assert client.call("echo", b"") == b""
+
+
+def test_forty_megabytes_round_trip_beyond_grpcs_default_limit(study, server):
+    params = np.random.default_rng(0).standard_normal(10_000_000).astype(np.float32)
+    with _client(study, server, study.parties["hosp-b"]) as client:
+        reply = client.call("echo", params.tobytes(), )
+    assert len(reply) == 40_000_000
+    assert hashlib.sha256(reply).digest() == hashlib.sha256(params.tobytes()).digest()
+
+
+@pytest.mark.parametrize("who, code", [("hosp-x", "PERMISSION_DENIED"),        # not on the roster
+                                       ("hosp-revoked", "UNAUTHENTICATED"),    # revoked by the CA
+                                       ("rogue-server", "PERMISSION_DENIED"),  # a server posing as a site
+                                       ("auditor", "PERMISSION_DENIED")])      # a role not admitted
+def test_server_refuses_valid_certificates_it_must_not_admit(study, server, who, code):
+    with _client(study, server, study.parties[who]) as client:
+        with pytest.raises(TransportError) as caught:
+            client.call("whoami", b"")
+    assert caught.value.code == code
+
+
+def test_certificate_from_another_ca_fails_the_handshake(study, server):
+    with _client(study, server, study.foreign) as client:
+        with pytest.raises(TransportError) as caught:
+            client.call("whoami", b"")
+    assert caught.value.code == "UNAVAILABLE"
+
+
+def test_client_refuses_a_server_that_is_not_the_expected_party(study, server):
+    # the coordinator's certificate says coordinator/server: expecting another name or role fails TLS
+    for name, role in [("other-coordinator", "server"), ("coordinator", "keyholder")]:
+        with _client(study, server, study.parties["hosp-a"], server_name=name, server_role=role) as client:
+            with pytest.raises(TransportError):
+                client.call("whoami", b"")
+
+
+def test_client_refuses_a_revoked_server(study):
+    rogue = study.parties["old-coordinator"]
+    # a server still running on its revoked certificate: TLS alone would accept it
+    srv = TransportServer(trust=study.trust(), cert_pem=rogue.cert_pem, key_pem=rogue.key_pem, handler=_echo,
+                          roster=None, roles=("site",))
+    srv.start()
+    try:
+        with _client(study, srv, study.parties["hosp-a"], server_name="old-coordinator") as client:
+            with pytest.raises(PeerRejected) as caught:
+                client.call("whoami", b"")
+        assert caught.value.reason == "revoked"
+    finally:
+        srv.stop(0)
+
+
+def test_handler_errors_map_to_status_codes_without_detail(study, server):
+    with _client(study, server, study.parties["hosp-a"]) as client:
+        with pytest.raises(TransportError) as caught:
+            client.call("bad", b"x")
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_site_certificate_cannot_serve_as_the_coordinator(study):
+    """Vice versa of a site presenting a server role: a site's certificate listening as a server."""
+    site = study.parties["hosp-b"]
+    srv = TransportServer(trust=study.trust(), cert_pem=site.cert_pem, key_pem=site.key_pem, handler=_echo,
+                          roster=None, roles=("site",))
+    srv.start()
+    try:
+        with _client(study, srv, study.parties["hosp-a"], server_name="hosp-b",
+                     server_role="server") as client:
+            with pytest.raises(TransportError) as caught:
+                client.call("whoami", b"")
+        assert caught.value.code == "UNAVAILABLE"
+    finally:
+        srv.stop(0)
+
+
+def test_deadline_and_payload_limit_are_enforced_over_the_wire(study, server):
+    with _client(study, server, study.parties["hosp-a"]) as client:
+        try:
+            with pytest.raises(TransportError) as caught:
+                client.call("slow", b"", deadline=0.2)
+            assert caught.value.code == "DEADLINE_EXCEEDED"
+        finally:
+            RELEASE.set()
+    coordinator = study.parties["coordinator"]
+    small = TransportServer(trust=study.trust(), cert_pem=coordinator.cert_pem, key_pem=coordinator.key_pem,
+                            handler=_echo, roster=None, roles=("site",), max_payload=1000)
+    small.start()
+    try:
+        with _client(study, small, study.parties["hosp-a"]) as client:
+            assert client.call("echo", b"x" * 1000) == b"x" * 1000
+            with pytest.raises(TransportError) as caught:
+                client.call("echo", b"x" * 1001)
+        assert caught.value.code == "INVALID_ARGUMENT"
+    finally:
+        small.stop(0)
