@@ -43,8 +43,8 @@ from protocols.paillier import (
     default_threshold,
 )
 from protocols.paillier import threshold_messages as tm
-from protocols.paillier.coordinator import ThresholdCoordinator
 from protocols.paillier.binding import check_submission_proof
+from protocols.paillier.coordinator import ThresholdCoordinator
 from protocols.paillier.messages import Submission, decode
 from protocols.paillier.trust import read_verification_keys
 from secagg.encoding import FixedPointEncoder

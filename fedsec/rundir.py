@@ -11,8 +11,8 @@ then.
 from __future__ import annotations
 
 import os
-import shutil
 import secrets
+import shutil
 from pathlib import Path
 
 from fedsec.errors import ConfigError

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from protocols.errors import MalformedMessage
-from protocols.wire import Reader, Writer
 from protocols.masked.keys import COMMITMENT_BYTES
+from protocols.wire import Reader, Writer
 from secagg.keys import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
 from secagg.shamir import SHARE_BYTES
 

@@ -21,6 +21,7 @@ import numpy as np
 from protocols.errors import ClientAbort, MalformedMessage
 from protocols.paillier import party as party_rules
 from protocols.paillier import threshold_messages as tm
+from protocols.paillier.binding import submission_context
 from protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
@@ -34,12 +35,11 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.binding import submission_context
 from protocols.paillier.party import DecryptionParty
 from protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
 from protocols.paillier.state import MAX_SEQUENCE, EndorsementStore, MemoryEndorsementStore
 from protocols.paillier.trust import read_verification_keys
-from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
+from secagg.errors import CryptoError, InvalidArgumentError
 from secagg.keys import KeyPair, SigningKey, open_sealed, verify
 from secagg.paillier import (
     DJNRandomness,

@@ -16,6 +16,7 @@ import numpy as np
 
 from protocols.errors import MalformedMessage, ProtocolAbort
 from protocols.paillier.binding import check_submission_proof
+from protocols.paillier.keyholder import DecryptionRefused
 from protocols.paillier.messages import (
     REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
@@ -26,9 +27,8 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.keyholder import DecryptionRefused
 from protocols.paillier.spec import RoundSpec
-from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
+from secagg.errors import CryptoError, InvalidCiphertextError
 from secagg.keys import SigningKey, verify
 from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
 

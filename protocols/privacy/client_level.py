@@ -32,8 +32,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from dp import SecureRandom
-from dp.noise import MIN_NOISE_MULTIPLIER
 from dp.ledger import Event, GaussianEvent, SkellamEvent
+from dp.noise import MIN_NOISE_MULTIPLIER
 from fl_core.aggregation import (
     AggregateResult,
     AggregationProtocol,

@@ -96,10 +96,11 @@ def cheaply_factorable(n: int) -> bool:
     iterations (every factor below 2^26, most below 2^30).
 
     Rho dominates the cost: about 0.35 s for a 2048-bit n (0.12 s at 1024, 0.05 s at 512 bits) on
-    the shared 2-core test machine, once per key (docs/paillier-keyholder.md). A modulus that passes can still be weak in ways no
-    cheap test sees (p - 1 smooth, a factor shared with another key, a backdoored generator); who
-    is trusted to choose the key is part of the trust model, not of this check. Results are cached
-    per n (the check is a pure function), so a key parsed again costs nothing.
+    the shared 2-core test machine, once per key (docs/paillier-keyholder.md). A modulus that
+    passes can still be weak in ways no cheap test sees (p - 1 smooth, a factor shared with
+    another key, a backdoored generator); who is trusted to choose the key is part of the trust
+    model, not of this check. Results are cached per n (the check is a pure function), so a key
+    parsed again costs nothing.
     """
     n = gmpy2.mpz(n)
     if n < 3 or not n & 1 or gmpy2.is_prime(n) or gmpy2.is_power(n):

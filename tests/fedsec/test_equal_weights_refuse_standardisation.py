@@ -10,8 +10,8 @@ receives depends on the sizes outside the mechanism.
 import dataclasses
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 import fl_core
 from fedsec.config import make_config

@@ -161,8 +161,8 @@ def _summary(experiment) -> dict:
 
 
 def test_every_private_summary_names_the_withheld_loss_timing_and_failures():
-    for settings in PRIVATE:
-        privacy = _summary(build_experiment(make_config({"rounds": 1, **settings})))
+    for private in PRIVATE:
+        privacy = _summary(build_experiment(make_config({"rounds": 1, **private})))
         assert "train_loss" in privacy["withheld"]
         assert privacy["unit_definition"]
         assert any(item.startswith("timing") for item in privacy["not_covered"])

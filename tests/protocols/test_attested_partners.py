@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fl_core.aggregation import ClientUpdate
 from protocols.errors import ClientAbort, ProtocolAbort
 from protocols.masked import MaskedAggregation
 from protocols.masked import aggregation as layer_module
 from protocols.masked import messages as m
 from protocols.masked.keys import attestation_message
-from fl_core.aggregation import ClientUpdate
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered
 from tests.protocols.test_masked_keys_and_shares import Rewriting

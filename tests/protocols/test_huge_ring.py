@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocols.errors import ClientAbort
 from protocols.masked import RingGraph, shuffled_ring
 from protocols.masked import messages as m
-from protocols.errors import ClientAbort
 from protocols.masked.client import ClientPolicy, MaskedClient
 from protocols.masked.keys import consistency_message, key_message
 from protocols.masked.policy import minimum_threshold

@@ -23,6 +23,7 @@ import pytest
 from protocols.errors import ClientAbort
 from protocols.masked import messages as m
 from protocols.masked.keys import consistency_message
+from secagg import shamir
 from tests.protocols.adversary import (
     Outcome,
     Prepared,
@@ -32,7 +33,6 @@ from tests.protocols.adversary import (
     make_world,
     prepare,
 )
-from secagg import shamir
 
 VICTIM = 1
 

@@ -12,8 +12,17 @@ from hypothesis import strategies as st
 from fedsec.config import make_config
 from fedsec.network.errors import PolicyRefused
 from fedsec.network.ledger import EpsilonLedger
-from fedsec.network.policy import (AGGREGATIONS, MODELS, RULES, PlanFacts, SitePolicy, admit_plan,
-                                   check_plan, load_policy, plan_facts)
+from fedsec.network.policy import (
+    AGGREGATIONS,
+    MODELS,
+    RULES,
+    PlanFacts,
+    SitePolicy,
+    admit_plan,
+    check_plan,
+    load_policy,
+    plan_facts,
+)
 
 STRICT = SitePolicy(aggregation_allowed=("masking",), min_threshold=3, min_sites=4, require_active=True,
                     dp_required=True, max_epsilon_run=2.0, max_epsilon_lifetime=5.0,

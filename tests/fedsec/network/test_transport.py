@@ -12,7 +12,6 @@ from fedsec.network.errors import PeerRejected
 from fedsec.network.transport import TransportClient, TransportError, TransportServer
 from protocols.errors import MalformedMessage
 
-
 RELEASE = threading.Event()
 
 
