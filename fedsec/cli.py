@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 from dp.errors import DPError
 from fedsec import __version__
+from fedsec.audit import cli as audit_cli
 from fedsec.config import ExperimentConfig, load_config
 from fedsec.errors import ConfigError
 from fl_core.errors import FLError
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     eps.add_argument("--delta", type=float, required=True, help="delta, in (0, 1)")
     eps.add_argument("--accountant", choices=("pld", "prv", "rdp"), default="pld")
     eps.add_argument("--json", action="store_true", help='print {"epsilon": ...}')
+    audit_cli.register(commands)
     return parser
 
 
@@ -90,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _epsilon(args)
             if args.command == "sweep":
                 return _sweep(args)
+            if args.command == "audit":
+                return audit_cli.main(args)
     except KeyboardInterrupt:
         print("fedsec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
