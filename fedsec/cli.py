@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true",
                      help="replace an earlier run in --out whole (no stale file survives)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--resume", metavar="DIR", help="continue the interrupted or killed run of "
+                     "--out DIR from its last checkpoint (its own config.toml; no CONFIG)")
     sweep = commands.add_parser(
         "sweep", help="privacy-utility sweep (accuracy against epsilon)",
         description="Run the experiment once per target epsilon and seed (noise calibrated to "
@@ -185,9 +187,16 @@ def _epsilon(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from fedsec.experiment import run_experiment
 
+    from fedsec.experiment import resume_experiment
+
     try:
-        config = load_config(args.config, args.overrides)
-        summary = run_experiment(config, out=args.out, progress=not args.quiet, force=args.force)
+        if args.resume and (args.config or args.overrides or args.out or args.force):
+            raise ConfigError("--resume", "takes no CONFIG, --set, --out or --force")
+        if args.resume:
+            summary = resume_experiment(args.resume, progress=not args.quiet)
+        else:
+            config = load_config(args.config, args.overrides)
+            summary = run_experiment(config, out=args.out, progress=not args.quiet, force=args.force)
     except (ConfigError, FLError, DPError, OSError) as error:
         return _failure(error, "run")
     stopped = summary.get("privacy", {}).get("stopped")
@@ -198,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
     if "privacy" in summary:
         line["epsilon"] = summary["privacy"]["epsilon"]
     print(json.dumps(line))
-    return 0
+    return EXIT_INTERRUPTED if summary["stop_reason"] == "interrupted" else 0
 
 
 if __name__ == "__main__":

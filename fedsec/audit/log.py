@@ -172,31 +172,44 @@ class AuditLog:
         Raises:
             ValueError: an empty action, or details that are not a JSON object of finite values.
         """
-        if not action:
-            raise ValueError("action: must be non-empty")
-        try:
-            text = canonical_json(details or {})
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"details: not canonical JSON ({error})") from None
+        return self.append_many([(action, round, stage, details, peer_ref)])[0]
+
+    def append_many(self, items: list[tuple[str, int | None, str | None, dict[str, Any] | None,
+                                            str | None]]) -> list[Event]:
+        """Append several events ``(action, round, stage, details, peer_ref)`` in one transaction
+        (all or none; one fsync). Raises ValueError as :meth:`append` does, before writing any."""
+        texts = []
+        for action, _, _, details, _ in items:
+            if not action:
+                raise ValueError("action: must be non-empty")
+            try:
+                texts.append(canonical_json(details or {}))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"details: not canonical JSON ({error})") from None
+        events = []
         self._db.execute("BEGIN IMMEDIATE")
         try:
             last = self._db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-            seq, prev = (1, genesis(self.actor, self._key.public.hex())) if last is None else (
-                int(last[0]) + 1, str(last[1]))
-            stamp = _now()
-            digest = hashlib.sha256(canonical(seq, stamp, self.actor, action, self.run_id, round, stage,
-                                              text, peer_ref, self.fingerprint, prev)).digest()
-            event = Event(seq, stamp, self.actor, action, self.run_id, round, stage, text, peer_ref,
-                          self.fingerprint, prev, digest.hex(), self._key.sign(digest).hex())
-            self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (event.seq, event.time, event.actor, event.action, event.run_id,
-                              event.round, event.stage, event.details, event.peer_ref, event.key_fp,
-                              event.prev_hash, event.hash, event.signature))
+            seq, prev = (0, genesis(self.actor, self._key.public.hex())) if last is None else (
+                int(last[0]), str(last[1]))
+            for (action, round_, stage, _, peer_ref), text in zip(items, texts):
+                seq += 1
+                stamp = _now()
+                digest = hashlib.sha256(canonical(seq, stamp, self.actor, action, self.run_id, round_,
+                                                  stage, text, peer_ref, self.fingerprint, prev)).digest()
+                event = Event(seq, stamp, self.actor, action, self.run_id, round_, stage, text, peer_ref,
+                              self.fingerprint, prev, digest.hex(), self._key.sign(digest).hex())
+                self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (event.seq, event.time, event.actor, event.action, event.run_id,
+                                  event.round, event.stage, event.details, event.peer_ref, event.key_fp,
+                                  event.prev_hash, event.hash, event.signature))
+                events.append(event)
+                prev = event.hash
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-        return event
+        return events
 
     def head(self) -> Head:
         """The current head (``seq`` 0 and the genesis hash for an empty log)."""
