@@ -381,16 +381,16 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
         if checkpoint is None:
             (out_dir / "config.toml").write_text(config.to_toml())
         server.observers.append(_RunDirectoryWriter(out_dir, experiment.history))
-        if resumable(config):
-            server.observers.append(CheckpointWriter(out_dir, config=config, server=server,
-                                                     history=experiment.history,
-                                                     privacy=experiment.privacy))
-        if audit:
+        if audit:  # a round is recorded before it is checkpointed: none escapes the log
             recorder = RunAudit(out_dir, model_vector=lambda: get_vector(server.model))
             server.observers.append(recorder)
             if checkpoint is None:
                 recorder.start(config.sha256(), seed=config.seed, rounds=config.rounds,
                                aggregation=config.secure.aggregation, dp_mode=config.dp.mode)
+        if resumable(config):
+            server.observers.append(CheckpointWriter(out_dir, config=config, server=server,
+                                                     history=experiment.history,
+                                                     privacy=experiment.privacy))
     start = time.perf_counter()
     if checkpoint is None:
         result = server.run()
