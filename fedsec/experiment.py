@@ -29,10 +29,13 @@ from fedsec.progress import ProgressBar
 from fedsec.rundir import RunDirectory, check_out
 from fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 
-RUN_FILES = ("config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png", "audit.db",
-             "audit.key")
-"""Files of every run directory; a private run adds ``epsilon.png``, a resumable one
-``checkpoint.npz`` (see :mod:`fedsec.checkpoint`)."""
+RUN_FILES = ("config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png")
+"""Files of every run directory; a private run adds ``epsilon.png``."""
+
+LOOP_FILES = ("audit.db", "audit.key")
+"""Files a run of the FedAvg server loop adds (not boosting, CoCoA, MOCHA): the signed audit log
+and its key (:mod:`fedsec.audit.run`); a resumable configuration adds ``checkpoint.npz``
+(:mod:`fedsec.checkpoint`)."""
 
 VERSIONED = ("numpy", "torch", "scikit-learn", "opacus", "dp-accounting", "cryptography", "phe",
              "gmpy2")
