@@ -207,7 +207,10 @@ def _run(args: argparse.Namespace) -> int:
     if "privacy" in summary:
         line["epsilon"] = summary["privacy"]["epsilon"]
     print(json.dumps(line))
-    return EXIT_INTERRUPTED if summary["stop_reason"] == "interrupted" else 0
+    if summary["stop_reason"] == "interrupted":
+        print("fedsec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
 
 
 if __name__ == "__main__":
