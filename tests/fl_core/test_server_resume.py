@@ -42,6 +42,9 @@ def test_resuming_from_a_round_gives_the_uninterrupted_run() -> None:
     assert np.array_equal(resumed.vector, full.vector)
     assert [r.accuracy for r in resumed.records] == [r.accuracy for r in full.records]
     assert again.observers[0].records[:2] == full.records[:2] and len(again.observers[0].records) == 5
+    unrestored = _server(5, [])  # the generator is what the checkpoint must carry
+    assert not np.array_equal(unrestored.run(resume=ResumePoint(2, vector, full.records[:2])).vector,
+                              full.vector)
 
 
 class _CtrlC(RoundObserver):
