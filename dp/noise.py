@@ -60,6 +60,7 @@ class SecureRandom:
         key = os.urandom(32) if key is None else key
         if len(key) != 32:
             raise InvalidPrivacyParameterError("a SecureRandom key is 32 bytes")
+        self._key, self._offset = bytes(key), 0
         self._encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
 
     @classmethod
@@ -67,8 +68,28 @@ class SecureRandom:
         """A deterministic stream for a reproducible experiment (not secret: see the module)."""
         return cls(hashlib.sha256(f"fedsec/dp/{purpose}/{seed}".encode()).digest())
 
+    def state_dict(self) -> dict[str, str | int]:
+        """The key (hex) and the number of bytes drawn so far: enough to continue the stream.
+
+        Holds the key, so it is as secret as the noise: write it to disk only for a reproducible
+        experiment (:meth:`from_seed`), whose key the seed gives away anyway.
+        """
+        return {"key": self._key.hex(), "offset": self._offset}
+
+    def load_state_dict(self, state: dict[str, str | int]) -> None:
+        """Continue the stream of :meth:`state_dict` (the same key, ``offset`` bytes in)."""
+        key, offset = bytes.fromhex(str(state["key"])), int(state["offset"])
+        if len(key) != 32 or offset < 0:
+            raise InvalidPrivacyParameterError("a SecureRandom state is a 32-byte key and an offset >= 0")
+        block, skip = divmod(offset, 16)
+        counter = block.to_bytes(16, "big")
+        self._key, self._offset = key, offset
+        self._encryptor = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor()
+        self._encryptor.update(bytes(skip))
+
     def words(self, size: int) -> np.ndarray:
         """``size`` uniform 64-bit words."""
+        self._offset += 8 * size
         return np.frombuffer(self._encryptor.update(bytes(8 * size)), dtype=np.uint64)
 
     def uniform(self, size: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 from dp.errors import DPError
 from fedsec import __version__
+from fedsec.audit import cli as audit_cli
 from fedsec.config import ExperimentConfig, load_config
 from fedsec.errors import ConfigError
 from fedsec.network import cli as network_cli
@@ -53,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true",
                      help="replace an earlier run in --out whole (no stale file survives)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--resume", metavar="DIR", help="continue the interrupted or killed run of "
+                     "--out DIR from its last checkpoint (its own config.toml; no CONFIG)")
     sweep = commands.add_parser(
         "sweep", help="privacy-utility sweep (accuracy against epsilon)",
         description="Run the experiment once per target epsilon and seed (noise calibrated to "
@@ -78,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     eps.add_argument("--accountant", choices=("pld", "prv", "rdp"), default="pld")
     eps.add_argument("--json", action="store_true", help='print {"epsilon": ...}')
     network_cli.register(commands)
+    audit_cli.register(commands)
     return parser
 
 
@@ -94,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _sweep(args)
             if args.command in ("ca", "site"):
                 return network_cli.run(args)
+            if args.command == "audit":
+                return audit_cli.main(args)
     except KeyboardInterrupt:
         print("fedsec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -185,9 +191,16 @@ def _epsilon(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from fedsec.experiment import run_experiment
 
+    from fedsec.experiment import resume_experiment
+
     try:
-        config = load_config(args.config, args.overrides)
-        summary = run_experiment(config, out=args.out, progress=not args.quiet, force=args.force)
+        if args.resume and (args.config or args.overrides or args.out or args.force):
+            raise ConfigError("--resume", "takes no CONFIG, --set, --out or --force")
+        if args.resume:
+            summary = resume_experiment(args.resume, progress=not args.quiet)
+        else:
+            config = load_config(args.config, args.overrides)
+            summary = run_experiment(config, out=args.out, progress=not args.quiet, force=args.force)
     except (ConfigError, FLError, DPError, OSError) as error:
         return _failure(error, "run")
     stopped = summary.get("privacy", {}).get("stopped")
@@ -198,6 +211,9 @@ def _run(args: argparse.Namespace) -> int:
     if "privacy" in summary:
         line["epsilon"] = summary["privacy"]["epsilon"]
     print(json.dumps(line))
+    if summary["stop_reason"] == "interrupted":
+        print("fedsec: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -32,6 +32,11 @@ from fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 RUN_FILES = ("config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png")
 """Files of every run directory; a private run adds ``epsilon.png``."""
 
+LOOP_FILES = ("audit.db", "audit.key")
+"""Files a run of the FedAvg server loop adds (not boosting, CoCoA, MOCHA): the signed audit log
+and its key (:mod:`fedsec.audit.run`); a resumable configuration adds ``checkpoint.npz``
+(:mod:`fedsec.checkpoint`)."""
+
 VERSIONED = ("numpy", "torch", "scikit-learn", "opacus", "dp-accounting", "cryptography", "phe",
              "gmpy2")
 """Distributions whose versions decide a run's numbers (summary.json's ``versions``)."""
@@ -284,7 +289,7 @@ def summarize(
 
 def run_experiment(
     config: ExperimentConfig, *, out: str | Path | None = None, progress: bool = False,
-    force: bool = False,
+    force: bool = False, audit: bool = True,
 ) -> dict[str, Any]:
     """Run one experiment; with ``out``, write the run directory. Returns the summary dict.
 
@@ -293,7 +298,8 @@ def run_experiment(
     ``out`` when the run ends, also when it fails, so no file of an earlier run survives next to
     it (see :mod:`fedsec.rundir`; ``force`` allows replacing an earlier run). Warnings
     (:class:`RunWarning`, e.g. hopeless noise) are issued before the first round and listed in the
-    summary.
+    summary. A run directory holds the signed audit log ``audit.db`` (``audit=False`` leaves it
+    out: the benchmark's reference) and, for a resumable configuration, ``checkpoint.npz``.
     """
     import torch
 
@@ -328,21 +334,77 @@ def run_experiment(
         return _execute(experiment, None)
     staging = RunDirectory(out, force=force)
     try:
-        return _execute(experiment, staging.path)
+        return _execute(experiment, staging.path, audit=audit)
     finally:
         staging.publish()
 
 
-def _execute(experiment: Experiment, out_dir: Path | None) -> dict[str, Any]:
-    """Run the federation; with ``out_dir``, write the run's files there."""
+def resume_experiment(out: str | Path, *, progress: bool = False) -> dict[str, Any]:
+    """Continue the run in ``out`` (interrupted, or killed before it published) from its last
+    checkpoint with its own config.toml; the privacy ledger goes on from the checkpoint's.
+
+    Raises:
+        ConfigError: (key ``--resume``) no checkpoint, a config.toml that is not the one the
+            checkpoint was written with, or a configuration :func:`check_resumable` refuses.
+    """
     import torch
 
-    config = experiment.config
+    from fedsec.checkpoint import check_resumable, find_run, read_checkpoint
+    from fedsec.config import load_config
+
+    folder, staged = find_run(out)
+    checkpoint = read_checkpoint(folder)
+    config = load_config(str(folder / "config.toml"), [])
+    if config.sha256() != checkpoint.meta["config_sha256"]:
+        raise ConfigError("--resume", f"{folder / 'config.toml'} is not the configuration the "
+                                      f"checkpoint was written with")
+    check_resumable(config)
+    torch.set_num_threads(1)
+    observers: list[RoundObserver] = []
+    if progress:
+        observers.append(ProgressBar(target_accuracy=config.train.target_accuracy or None))
+    experiment = build_experiment(config, observers=observers)
+    directory = RunDirectory.adopt(out, folder) if staged else None
+    try:
+        return _execute(experiment, folder, audit=True, checkpoint=checkpoint)
+    finally:
+        if directory is not None:
+            directory.publish()
+
+
+def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True,
+             checkpoint: Any = None) -> dict[str, Any]:
+    """Run the federation (from ``checkpoint`` if given); with ``out_dir``, write the run's files."""
+    import torch
+
+    from fedsec.audit.run import RunAudit, file_sha256
+    from fedsec.checkpoint import CheckpointWriter, restore, resumable
+    from fl_core.parameters import get_vector
+
+    config, server = experiment.config, experiment.server
+    recorder = None
     if out_dir is not None:
-        (out_dir / "config.toml").write_text(config.to_toml())
-        experiment.server.observers.append(_RunDirectoryWriter(out_dir, experiment.history))
+        if checkpoint is None:
+            (out_dir / "config.toml").write_text(config.to_toml())
+        server.observers.append(_RunDirectoryWriter(out_dir, experiment.history))
+        if audit:  # a round is recorded before it is checkpointed: none escapes the log
+            recorder = RunAudit(out_dir, model_vector=lambda: get_vector(server.model))
+            server.observers.append(recorder)
+            if checkpoint is None:
+                recorder.start(config.sha256(), seed=config.seed, rounds=config.rounds,
+                               aggregation=config.secure.aggregation, dp_mode=config.dp.mode)
+        if resumable(config):
+            server.observers.append(CheckpointWriter(out_dir, config=config, server=server,
+                                                     history=experiment.history,
+                                                     privacy=experiment.privacy))
     start = time.perf_counter()
-    result = experiment.server.run()
+    if checkpoint is None:
+        result = server.run()
+    else:
+        server.prepare_data()
+        point = restore(checkpoint, server=server, privacy=experiment.privacy,
+                        reproducible=config.dp.reproducible)
+        result = server.run(resume=point)
     wall = time.perf_counter() - start
     summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
                         experiment.privacy)
@@ -352,8 +414,13 @@ def _execute(experiment: Experiment, out_dir: Path | None) -> dict[str, Any]:
     if out_dir is None:
         return summary
     experiment.history.write_csv(out_dir / "history.csv")
+    torch.save(server.model.state_dict(), out_dir / "model.pt")
+    summary["model_sha256"] = file_sha256(out_dir / "model.pt")
+    if recorder is not None:
+        recorder.model_saved(out_dir / "model.pt")
+        summary["audit"] = recorder.summary()
+        recorder.close()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    torch.save(experiment.server.model.state_dict(), out_dir / "model.pt")
     d = config.data
     label = privacy_label(config, experiment.privacy.noise_multiplier if experiment.privacy else None)
     plot_metric(

@@ -45,6 +45,16 @@ class PrivacySetup:
     unit_definition: str = ""
     """The neighbouring relation epsilon is stated for, in words."""
     not_covered: list[str] = field(default_factory=list)
+
+    @property
+    def randoms(self) -> list[SecureRandom]:
+        """The noise sources of this run (DP-SGD's, the client-level layer's), for checkpoints."""
+        found = []
+        if self.trainer is not None:
+            found.append(self.trainer.optimizer.random)
+        if self.protocol is not None:
+            found.append(self.protocol.random)
+        return found
     """Releases epsilon does not account for (said in summary.json, never silently)."""
     withheld: dict[str, str] = field(default_factory=dict)
     """What clients do not report in this run, and why."""

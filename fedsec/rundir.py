@@ -58,6 +58,13 @@ class RunDirectory:
         except OSError as error:
             raise ConfigError("--out", f"cannot write {self.out}: {error.strerror}") from None
 
+    @classmethod
+    def adopt(cls, out: str | Path, path: Path) -> RunDirectory:
+        """The staging folder ``path`` of an earlier, killed run into ``out`` (``--resume``)."""
+        self = cls.__new__(cls)
+        self.out, self.path = Path(out), path
+        return self
+
     def publish(self) -> Path:
         """Replace ``out`` with the staging folder (the old run, if any, is deleted)."""
         old = None

@@ -11,6 +11,7 @@ whole at the end).
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -42,6 +43,9 @@ def run_sweep(config: ExperimentConfig, *, epsilons: Sequence[float], seeds: Seq
     staging = RunDirectory(out, force=force)
     try:
         result = _sweep(config, epsilons, seeds, staging.path, progress)
+    except KeyboardInterrupt:
+        staging.publish()  # the finished runs' rows of sweep.csv are kept
+        raise
     except BaseException:
         staging.discard()
         raise
@@ -57,27 +61,53 @@ def _sweep(config: ExperimentConfig, epsilons: Sequence[float], seeds: Sequence[
     rows: list[dict[str, Any]] = []
     baseline = []
     bar = tqdm(total=len(runs) + len(seeds), desc="sweep", disable=not progress, leave=False)
+    (out_dir / "config.toml").write_text(config.to_toml())
+    table = _Table(out_dir / "sweep.csv")
     for seed in seeds:
         plain = replace(config, seed=seed, dp=replace(config.dp, mode="none", noise_multiplier=0.0,
                                                       target_epsilon=0.0, max_grad_norm=1.0,
                                                       accountant="pld", reproducible=False,
                                                       delta=1e-5))
-        summary = run_experiment(plain)
+        summary = _finished(run_experiment(plain))
         baseline.append(summary["final_accuracy"])
-        rows.append({"dp_mode": "none", "target_epsilon": "", "seed": seed, "epsilon": "",
-                     "epsilon_rdp": "", "noise_multiplier": "", **_outcome(summary)})
+        rows.append(table.add({"dp_mode": "none", "target_epsilon": "", "seed": seed, "epsilon": "",
+                               "epsilon_rdp": "", "noise_multiplier": "", **_outcome(summary)}))
         bar.update()
     for target, seed in runs:
         private = replace(config, seed=seed,
                           dp=replace(config.dp, target_epsilon=target, noise_multiplier=0.0))
-        summary = run_experiment(private)
+        summary = _finished(run_experiment(private))
         p = summary["privacy"]
-        rows.append({"dp_mode": config.dp.mode, "target_epsilon": target, "seed": seed,
-                     "epsilon": p["epsilon"], "epsilon_rdp": p["epsilon_rdp"],
-                     "noise_multiplier": p["noise_multiplier"], **_outcome(summary)})
+        rows.append(table.add({"dp_mode": config.dp.mode, "target_epsilon": target, "seed": seed,
+                               "epsilon": p["epsilon"], "epsilon_rdp": p["epsilon_rdp"],
+                               "noise_multiplier": p["noise_multiplier"], **_outcome(summary)}))
         bar.update()
     bar.close()
     return _write(config, rows, baseline, epsilons, seeds, out_dir)
+
+
+class _Table:
+    """``sweep.csv`` written row by row (flushed and fsynced), so an interrupted sweep keeps the
+    rows of its finished runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "w", newline="") as handle:
+            csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS).writeheader()
+
+    def add(self, row: dict[str, Any]) -> dict[str, Any]:
+        with open(self.path, "a", newline="") as handle:
+            csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS).writerow(row)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return row
+
+
+def _finished(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run that ran to its end; Ctrl-C inside the run ends the sweep."""
+    if summary["stop_reason"] == "interrupted":
+        raise KeyboardInterrupt
+    return summary
 
 
 def _outcome(summary: dict[str, Any]) -> dict[str, Any]:
@@ -87,11 +117,7 @@ def _outcome(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _write(config: ExperimentConfig, rows: list[dict[str, Any]], baseline: list[float],
            epsilons: Sequence[float], seeds: Sequence[int], out_dir: Path) -> dict[str, Any]:
-    """Write sweep.csv, sweep.png and config.toml into ``out_dir``; returns the points."""
-    with open(out_dir / "sweep.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=SWEEP_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    """Write sweep.png into ``out_dir`` (sweep.csv and config.toml are written); returns the points."""
     points = []
     for target in sorted(epsilons):
         group = [r for r in rows if r["dp_mode"] != "none" and r["target_epsilon"] == target]
@@ -104,6 +130,5 @@ def _write(config: ExperimentConfig, rows: list[dict[str, Any]], baseline: list[
     plot_tradeoff(points, path=out_dir / "sweep.png", baseline=base,
                   title=f"{d.dataset}, {d.clients} clients, {config.model.name}, {len(seeds)} "
                         f"seeds\n{settings}")
-    (out_dir / "config.toml").write_text(config.to_toml())
     return {"points": [{"epsilon": e, "accuracy": a, "std": s} for e, a, s in points],
             "baseline_accuracy": base, "runs": len(rows) - len(seeds)}

@@ -30,7 +30,7 @@ from fl_core.errors import (
     ShapeMismatchError,
     TooFewClientsError,
 )
-from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
+from fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord, TrainingResult
 from fl_core.local import TorchTrainer
 from fl_core.metrics import Evaluator
 from fl_core.models import MODEL_NAMES, build_model, evaluate
@@ -70,6 +70,7 @@ __all__ = [
     "PARTITION_SCHEMES",
     "ParameterLayout",
     "PlainAggregation",
+    "ResumePoint",
     "RoundObserver",
     "RoundRecord",
     "SERVER_OPTIMIZERS",

@@ -110,6 +110,23 @@ def _whole_numbers(cells: Iterable[str]) -> bool:
 
 
 @dataclass
+class ResumePoint:
+    """Where a checkpointed run continues: after round ``round``, at global vector ``vector``.
+
+    Attributes:
+        round: the last completed round (>= 0); the loop goes on with round ``round + 1``.
+        vector: the global parameter vector after that round.
+        records: the records of rounds 1..``round``.
+        aborts_in_a_row: rounds without a sum at the end of ``records``.
+    """
+
+    round: int
+    vector: np.ndarray
+    records: list[RoundRecord]
+    aborts_in_a_row: int = 0
+
+
+@dataclass
 class TrainingResult:
     """The outcome of :meth:`fl_core.server.FederatedServer.run`.
 
@@ -118,7 +135,8 @@ class TrainingResult:
         records: one record per round run.
         rounds_to_target: first round whose accuracy reached the target, or None.
         stop_reason: why the loop ended (``rounds``, ``target_accuracy``, ``stop_tol``,
-            ``aborts``, or the reason an observer gave).
+            ``aborts``, ``interrupted`` (Ctrl-C; the round in flight is dropped), or the reason an
+            observer gave).
     """
 
     vector: np.ndarray
@@ -156,6 +174,9 @@ class RoundObserver:
     def after_round(self, record: RoundRecord) -> None:
         """Called after each round; may add entries to ``record.metrics``."""
 
+    def on_resume(self, point: ResumePoint) -> None:
+        """Called once after ``on_start`` when the loop continues a checkpointed run."""
+
     def on_finish(self, result: TrainingResult) -> None:
         """Called once after the loop ends."""
 
@@ -168,6 +189,9 @@ class HistoryRecorder(RoundObserver):
 
     def after_round(self, record: RoundRecord) -> None:
         self.records.append(record)
+
+    def on_resume(self, point: ResumePoint) -> None:
+        self.records = list(point.records)
 
     def write_csv(self, path: str | Path) -> None:
         """Write every record as one row (see :data:`HISTORY_COLUMNS` and :data:`REAL_COLUMNS`)."""

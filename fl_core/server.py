@@ -12,7 +12,7 @@ from fl_core.aggregation import AggregationProtocol, ClientUpdate
 from fl_core.client import Strategy
 from fl_core.data import ArrayDataset, FederatedDataset
 from fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
-from fl_core.history import RoundObserver, RoundRecord, TrainingResult
+from fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
 from fl_core.models import evaluate
 from fl_core.parameters import get_vector, set_vector
 from fl_core.standardize import apply_standardization, federated_moments
@@ -84,16 +84,27 @@ class FederatedServer:
         self.max_consecutive_aborts = max_consecutive_aborts
         self.setup_upload_bytes = 0
         self.evaluator = evaluator
+        self._prepared = False
 
     def prepare_data(self) -> None:
-        """Standardise features with federation-wide statistics if the data set asks for it."""
+        """Standardise features with federation-wide statistics if the data set asks for it (once;
+        later calls do nothing)."""
+        if self._prepared:
+            return
+        self._prepared = True
         if self.data.standardize:
             mean, std, upload = federated_moments(self.data, self.protocol)
             self.data = apply_standardization(self.data, mean, std)
             self.setup_upload_bytes += upload
 
-    def run(self) -> TrainingResult:
-        """Train until a stop condition holds and return the result."""
+    def run(self, *, resume: ResumePoint | None = None) -> TrainingResult:
+        """Train until a stop condition holds and return the result.
+
+        ``resume`` continues a checkpointed run after its last completed round (the caller has
+        restored the generators, ledgers and optimiser state that go with it). Ctrl-C
+        (KeyboardInterrupt) ends the loop with stop reason ``interrupted``: the round in flight
+        is dropped and the result holds the rounds done.
+        """
         self.prepare_data()
         k = self.data.n_clients
         m = clients_per_round(self.fraction, k)
@@ -103,29 +114,39 @@ class FederatedServer:
         records: list[RoundRecord] = []
         rounds_to_target: int | None = None
         stop_reason = "rounds"
-        aborts_in_a_row = 0
-        for round_index in range(1, self.rounds + 1):
-            veto = next(
-                (r for o in self.observers if (r := o.before_round(round_index)) is not None), None
-            )
-            if veto is not None:
-                stop_reason = veto
-                break
-            record, vector = self._round(round_index, vector, m)
-            records.append(record)
+        aborts_in_a_row, first = 0, 1
+        if resume is not None:
+            vector, records = resume.vector.copy(), list(resume.records)
+            aborts_in_a_row, first = resume.aborts_in_a_row, resume.round + 1
             for observer in self.observers:
-                observer.after_round(record)
-            aborts_in_a_row = aborts_in_a_row + 1 if record.status != "ok" else 0
-            if self.target_accuracy is not None and record.accuracy >= self.target_accuracy:
-                rounds_to_target = round_index
-                stop_reason = "target_accuracy"
-                break
-            if record.status == "ok" and record.update_norm < self.stop_tol:
-                stop_reason = "stop_tol"
-                break
-            if aborts_in_a_row >= self.max_consecutive_aborts:
-                stop_reason = "aborts"
-                break
+                observer.on_resume(resume)
+        try:
+            for round_index in range(first, self.rounds + 1):
+                veto = next(
+                    (r for o in self.observers if (r := o.before_round(round_index)) is not None), None
+                )
+                if veto is not None:
+                    stop_reason = veto
+                    break
+                record, new_vector = self._round(round_index, vector, m)
+                for observer in self.observers:
+                    observer.after_round(record)
+                # committed only once every observer (the privacy ledger first) has seen it
+                records.append(record)
+                vector = new_vector
+                aborts_in_a_row = aborts_in_a_row + 1 if record.status != "ok" else 0
+                if self.target_accuracy is not None and record.accuracy >= self.target_accuracy:
+                    rounds_to_target = round_index
+                    stop_reason = "target_accuracy"
+                    break
+                if record.status == "ok" and record.update_norm < self.stop_tol:
+                    stop_reason = "stop_tol"
+                    break
+                if aborts_in_a_row >= self.max_consecutive_aborts:
+                    stop_reason = "aborts"
+                    break
+        except KeyboardInterrupt:
+            stop_reason = "interrupted"
         set_vector(self.model, vector)
         result = TrainingResult(vector, records, rounds_to_target, stop_reason)
         for observer in self.observers:

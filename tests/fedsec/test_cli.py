@@ -1,12 +1,15 @@
 import csv
+import hashlib
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from fedsec.cli import main
-from fedsec.experiment import RUN_FILES
+from fedsec.config import load_config
+from fedsec.experiment import LOOP_FILES, RUN_FILES, build_experiment
 from fl_core.history import HISTORY_COLUMNS
 
 FAST = ["--set", "rounds=3", "--quiet"]
@@ -22,7 +25,7 @@ def _history(path):
 def test_run_writes_the_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *FAST]) == 0
-    assert all((out / name).is_file() for name in RUN_FILES)
+    assert all((out / name).is_file() for name in (*RUN_FILES, *LOOP_FILES))
     rows = _history(out)
     assert [int(r["round"]) for r in rows] == [1, 2, 3]
     header = list(rows[0])
@@ -33,6 +36,10 @@ def test_run_writes_the_run_directory(tmp_path, capsys):
     assert {"final_accuracy", "best_accuracy", "rounds_run", "rounds_to_target", "epsilon", "delta",
             "wall_seconds", "config_sha256", "versions"} <= set(summary)
     assert summary["rounds_run"] == 3 and summary["final_accuracy"] == float(rows[-1]["accuracy"])
+    assert summary["model_sha256"] == hashlib.sha256((out / "model.pt").read_bytes()).hexdigest()
+    assert set(torch.load(out / "model.pt")) == set(build_experiment(load_config(
+        str(out / "config.toml"), [])).server.model.state_dict())
+    assert summary["audit"]["events"] == 1 + 2 * 3 + 2  # start; round and epsilon x3; end, saved
     assert (out / "config.toml").read_text().startswith("seed = 0\nrounds = 3\n")
     assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

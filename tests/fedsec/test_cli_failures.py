@@ -131,7 +131,8 @@ def test_force_leaves_no_stale_file(tmp_path):
     (out / "notes-of-an-earlier-run.txt").write_text("stale")
     assert main(["run", "--out", str(out), "--force", *FAST, "--set", "dp.mode=none"]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png"])
+        ["config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png", "audit.db",
+         "audit.key", "checkpoint.npz"])
     assert "privacy" not in json.loads((out / "summary.json").read_text())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
