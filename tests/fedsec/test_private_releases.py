@@ -167,7 +167,7 @@ def test_every_private_summary_names_the_withheld_loss_timing_and_failures():
         assert privacy["unit_definition"]
         assert any(item.startswith("timing") for item in privacy["not_covered"])
         failures_named = any(item.startswith("failures") for item in privacy["not_covered"])
-        assert failures_named == (settings["dp.mode"] == "dpsgd")
+        assert failures_named == (private["dp.mode"] == "dpsgd")
 
 
 def _diverging(data):
