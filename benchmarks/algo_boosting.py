@@ -22,11 +22,11 @@ import time
 from typing import Any
 
 import numpy as np
+from fedsec.fl_core.boosting import BoostingFit, BoostingSpec, FederatedBoosting
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 
-import fl_core
 from benchmarks._common import emit, log
-from fl_core.boosting import BoostingFit, BoostingSpec, FederatedBoosting
-from fl_core.standardize import apply_standardization, federated_moments
+from fedsec import fl_core
 
 CLIENTS = 4
 SPEC = BoostingSpec(family="binomial", learners="both", nu=0.1, df=4.0, inner_knots=20)
@@ -37,11 +37,11 @@ def _protocol(name: str, data: fl_core.FederatedDataset, seed: int, quick: bool
     max_weight = max(len(c) for c in data.clients)
     rng = np.random.default_rng(seed)
     if name == "masking":
-        from protocols.masked import MaskedAggregation
+        from fedsec.protocols.masked import MaskedAggregation
 
         return MaskedAggregation(max_weight=max_weight, rng=rng)
     if name == "paillier":
-        from protocols.paillier import PaillierAggregation
+        from fedsec.protocols.paillier import PaillierAggregation
 
         return PaillierAggregation(max_weight=max_weight, rng=rng, threshold=2,
                                    key_bits=1024 if quick else 2048, parties=range(CLIENTS),

@@ -26,14 +26,14 @@ import argparse
 from typing import Any
 
 import numpy as np
+from fedsec.fl_core.cocoa import CoCoA, CoCoAClient
+from fedsec.fl_core.duality import make_loss, signed_labels, with_intercept
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 from scipy.optimize import minimize
 from sklearn.svm import LinearSVC
 
-import fl_core
 from benchmarks._common import emit, log
-from fl_core.cocoa import CoCoA, CoCoAClient
-from fl_core.duality import make_loss, signed_labels, with_intercept
-from fl_core.standardize import apply_standardization, federated_moments
+from fedsec import fl_core
 
 TARGET = 1e-3
 LAM = 1e-2

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedsec.fl_core.mocha import Mocha, MochaClient
+from fedsec.fl_core.models import evaluate
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 
-import fl_core
 from benchmarks._common import emit, log
+from fedsec import fl_core
 from fedsec.methods.mocha import holdout_split
-from fl_core.mocha import Mocha, MochaClient
-from fl_core.models import evaluate
-from fl_core.standardize import apply_standardization, federated_moments
 
 ROUNDS = 40
 LAM = 1e-3

@@ -28,10 +28,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="0 = the default run's rounds")
     args = parser.parse_args()
 
+    from fedsec.secagg.keys import SigningKey
+
     from fedsec.audit.log import AuditLog
     from fedsec.config import ExperimentConfig, make_config
     from fedsec.experiment import run_experiment
-    from secagg.keys import SigningKey
 
     config = make_config({"rounds": args.rounds}) if args.rounds else ExperimentConfig()
     root = Path(tempfile.mkdtemp(prefix="fedsec-audit-bench-"))

@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 import torch
+from fedsec.dp import DPSGD
+from fedsec.fl_core import SGDTrainer, build_model, load_federated
+from fedsec.fl_core.models import classification_loss
 
 from benchmarks._common import emit, log
-from dp import DPSGD
-from fl_core import SGDTrainer, build_model, load_federated
-from fl_core.models import classification_loss
 
 
 def _loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

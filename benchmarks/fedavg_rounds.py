@@ -20,8 +20,8 @@ import time
 import numpy as np
 import torch
 
-import fl_core
 from benchmarks._common import emit, log
+from fedsec import fl_core
 
 FEDAVG_LRS = (0.05, 0.1, 0.2, 0.4, 0.8)
 FEDSGD_LRS = (0.2, 0.35, 0.5, 0.8)

@@ -32,9 +32,7 @@ import time
 
 import numpy as np
 import phe
-
-from benchmarks._common import emit, log
-from protocols.paillier import (
+from fedsec.protocols.paillier import (
     PaillierClient,
     PaillierKeyHolder,
     PaillierServer,
@@ -42,17 +40,19 @@ from protocols.paillier import (
     ThresholdDealer,
     default_threshold,
 )
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.binding import check_submission_proof
-from protocols.paillier.coordinator import ThresholdCoordinator
-from protocols.paillier.messages import Submission, decode
-from protocols.paillier.trust import read_verification_keys
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
-from secagg.paillier import decode_batch, slot_bits_for
-from secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
-from secagg.paillier.share_proofs import prove_decryption, verify_decryption
-from secagg.paillier.threshold import decryption_shares
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.binding import check_submission_proof
+from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
+from fedsec.protocols.paillier.messages import Submission, decode
+from fedsec.protocols.paillier.trust import read_verification_keys
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
+from fedsec.secagg.paillier import decode_batch, slot_bits_for
+from fedsec.secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
+from fedsec.secagg.paillier.share_proofs import prove_decryption, verify_decryption
+from fedsec.secagg.paillier.threshold import decryption_shares
+
+from benchmarks._common import emit, log
 
 
 def _threshold_costs(public, client, submission, server, coordinator, spec) -> dict[str, float]:

@@ -19,13 +19,13 @@ import argparse
 import time
 
 import numpy as np
+from fedsec.protocols.paillier import PaillierClient, PaillierKeyHolder, PaillierServer, RoundSpec
+from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, decode, encode
+from fedsec.secagg.keys import SigningKey
+from fedsec.secagg.paillier import encode_batch, slot_bits_for
 
 from benchmarks._common import emit, log
-from protocols.paillier import PaillierClient, PaillierKeyHolder, PaillierServer, RoundSpec
-from protocols.paillier.keyholder import REFUSAL
-from protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, decode, encode
-from secagg.keys import SigningKey
-from secagg.paillier import encode_batch, slot_bits_for
 
 WORD_BOUND = 2**16 - 1
 KINDS = ("honest", "data offset", "carry", "out of range")

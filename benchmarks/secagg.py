@@ -29,14 +29,14 @@ import time
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from fedsec.protocols.masked import choose_parameters, run_round
+from fedsec.protocols.masked.policy import survivor_quorum
+from fedsec.protocols.masked.simulation import DROP_STAGES, build_round
+from fedsec.protocols.transport import InMemoryTransport
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
 
 from benchmarks._common import emit, log
-from protocols.masked import choose_parameters, run_round
-from protocols.masked.policy import survivor_quorum
-from protocols.masked.simulation import DROP_STAGES, build_round
-from protocols.transport import InMemoryTransport
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
 
 MAX_WEIGHT = 64
 

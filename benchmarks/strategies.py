@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 import fedsec
-import fl_core
 from benchmarks._common import emit, log
+from fedsec import fl_core
 
 STRATEGIES = {
     "fedavg": {},

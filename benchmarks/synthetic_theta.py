@@ -20,11 +20,11 @@ import argparse
 
 import numpy as np
 import torch
+from fedsec.fl_core.centralized import logistic_mle
+from fedsec.fl_core.standardize import linear_in_raw_units
 
-import fl_core
 from benchmarks._common import emit, log
-from fl_core.centralized import logistic_mle
-from fl_core.standardize import linear_in_raw_units
+from fedsec import fl_core
 
 CONFIGS = {
     "exact": {"epochs": 1, "batch_size": 0, "lr": 2.0},

@@ -10,18 +10,18 @@ How these compose with federated learning (DP-SGD as a local trainer, client-lev
 an aggregation protocol, the per-round budget) lives in :mod:`protocols.privacy`.
 """
 
-from dp.accountants import ACCOUNTANTS, Accountant, epsilon
-from dp.calibration import noise_multiplier_for, smallest_noise
-from dp.dpsgd import DPSGD, DPSGDResult
-from dp.errors import (
+from fedsec.dp.accountants import ACCOUNTANTS, Accountant, epsilon
+from fedsec.dp.calibration import noise_multiplier_for, smallest_noise
+from fedsec.dp.dpsgd import DPSGD, DPSGDResult
+from fedsec.dp.errors import (
     BudgetExhaustedError,
     DPError,
     InvalidPrivacyParameterError,
     UnsupportedEventError,
     UnsupportedModelError,
 )
-from dp.ledger import GaussianEvent, PrivacyLedger, SkellamEvent
-from dp.noise import SecureRandom
+from fedsec.dp.ledger import GaussianEvent, PrivacyLedger, SkellamEvent
+from fedsec.dp.noise import SecureRandom
 
 __all__ = ["ACCOUNTANTS", "Accountant", "BudgetExhaustedError", "DPError", "DPSGD", "DPSGDResult",
            "GaussianEvent", "InvalidPrivacyParameterError", "PrivacyLedger", "SecureRandom",

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from dp.analysis import pld, prv, rdp
-from dp.errors import InvalidPrivacyParameterError
-from dp.ledger import Event, GaussianEvent, PrivacyLedger, SkellamEvent
+from fedsec.dp.analysis import pld, prv, rdp
+from fedsec.dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.ledger import Event, GaussianEvent, PrivacyLedger, SkellamEvent
 
 ACCOUNTANTS = ("pld", "prv", "rdp")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dp.accountants import check_delta, check_target, epsilon
-from dp.errors import InvalidPrivacyParameterError
-from dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.dp.accountants import check_delta, check_target, epsilon
+from fedsec.dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 
 MAX_NOISE = 1e6
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from fedsec.dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER, SecureRandom
+from fedsec.dp.per_sample import PROBE_SIZE, LossFn, PerExampleClipper
 from torch import nn
-
-from dp.errors import InvalidPrivacyParameterError
-from dp.noise import MIN_NOISE_MULTIPLIER, SecureRandom
-from dp.per_sample import PROBE_SIZE, LossFn, PerExampleClipper
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.errors import InvalidPrivacyParameterError
 
 
 @dataclass(frozen=True)

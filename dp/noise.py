@@ -21,9 +21,8 @@ import os
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from fedsec.dp.errors import InvalidPrivacyParameterError
 from scipy.special import gammaln
-
-from dp.errors import InvalidPrivacyParameterError
 
 _TABLE_MEAN = 10.0
 

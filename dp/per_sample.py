@@ -49,10 +49,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from fedsec.dp.errors import UnsupportedModelError
 from torch import nn
 from torch.nn import functional as F
-
-from dp.errors import UnsupportedModelError
 
 PROBE_SIZE = 8
 """Examples in the probe batch (the first ones the clipper is given)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
-from fl_core.history import ResumePoint, RoundObserver, RoundRecord
+from fedsec.fl_core.history import ResumePoint, RoundObserver, RoundRecord
 
 CHECKPOINT = "checkpoint.npz"
 FORMAT = "fedsec-checkpoint-1"
@@ -111,7 +111,7 @@ class CheckpointWriter(RoundObserver):
         self.history, self.privacy = history, privacy
 
     def after_round(self, record: RoundRecord) -> None:
-        from fl_core.parameters import get_vector
+        from fedsec.fl_core.parameters import get_vector
 
         arrays = {"vector": get_vector(self.server.model)}
         optimizer = _optimizer(self.server)
@@ -156,7 +156,7 @@ def read_checkpoint(directory: Path) -> Checkpoint:
 def restore(checkpoint: Checkpoint, *, server: Any, privacy: Any, reproducible: bool) -> ResumePoint:
     """Put the server's generator, optimiser, ledgers and noise streams back; returns the point
     the loop continues from (call after :meth:`FederatedServer.prepare_data`)."""
-    from fl_core.parameters import set_vector
+    from fedsec.fl_core.parameters import set_vector
 
     meta = checkpoint.meta
     server.rng.bit_generator.state = meta["rng"]

@@ -9,13 +9,13 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from dp.errors import DPError
 from fedsec import __version__
 from fedsec.audit import cli as audit_cli
 from fedsec.config import ExperimentConfig, load_config
+from fedsec.dp.errors import DPError
 from fedsec.errors import ConfigError
+from fedsec.fl_core.errors import FLError
 from fedsec.network import cli as network_cli
-from fl_core.errors import FLError
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -173,7 +173,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _epsilon(args: argparse.Namespace) -> int:
-    from dp.accountants import epsilon
+    from fedsec.dp.accountants import epsilon
 
     try:
         value = epsilon(noise_multiplier=args.sigma, sample_rate=args.q, steps=args.steps,
@@ -189,9 +189,7 @@ def _epsilon(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fedsec.experiment import run_experiment
-
-    from fedsec.experiment import resume_experiment
+    from fedsec.experiment import resume_experiment, run_experiment
 
     try:
         if args.resume and (args.config or args.overrides or args.out or args.force):

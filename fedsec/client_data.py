@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_core.data import ArrayDataset
+from fedsec.fl_core.data import ArrayDataset
 
 
 def _is_frame(data: Any) -> bool:

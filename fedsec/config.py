@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.errors import ConfigError
 
 
@@ -376,7 +376,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     if secure.aggregation == "none":
         _require_defaults(secure, (("threshold", 0), ("dropout", 0.0)), "masking' or 'paillier")
     else:
-        from fl_core.server import clients_per_round
+        from fedsec.fl_core.server import clients_per_round
 
         m = clients_per_round(config.train.fraction, data.clients)
         if m < 2:
@@ -623,7 +623,7 @@ def _check_privacy(config: ExperimentConfig) -> None:
                                                  "truncated at 8.57 standard deviations, which a "
                                                  "smaller noise makes a privacy failure")
     if dp.mode == "client":
-        from fl_core.server import clients_per_round
+        from fedsec.fl_core.server import clients_per_round
 
         if clients_per_round(train.fraction, config.data.clients) != config.data.clients:
             raise ConfigError("train.fraction", "client-level DP is accounted with every client in "
@@ -646,9 +646,9 @@ def _check_threshold(secure: SecureConfig, clients_per_round: int, population: i
     whole population ``population``, not of the clients a round)."""
     import numpy as np
 
-    from protocols.errors import ProtocolAbort
-    from protocols.masked import MaskedAggregation
-    from protocols.masked.policy import minimum_threshold
+    from fedsec.protocols.errors import ProtocolAbort
+    from fedsec.protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked.policy import minimum_threshold
 
     protocol = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), graph=secure.graph,
                                  dropout=secure.dropout, active=secure.active,
@@ -677,8 +677,8 @@ def training_samples(dataset: str, test_fraction: float) -> int:
     """Number of training samples left after the stratified test split of a bundled data set."""
     import numpy as np
 
-    from fl_core.data import stratified_split
-    from fl_core.datasets import load_pool
+    from fedsec.fl_core.data import stratified_split
+    from fedsec.fl_core.datasets import load_pool
 
     _, y, _ = load_pool(dataset)
     train, _ = stratified_split(y, test_fraction=test_fraction, rng=np.random.default_rng(0))

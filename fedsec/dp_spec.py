@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dp import ACCOUNTANTS
-from dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.dp import ACCOUNTANTS
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 
 DP_MODES = ("dpsgd", "client")
 

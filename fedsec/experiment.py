@@ -16,18 +16,18 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
-from dp.errors import InvalidPrivacyParameterError
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
 from fedsec.diagnostics import hopeless_noise_warning, noise_to_signal
+from fedsec.dp.errors import InvalidPrivacyParameterError
 from fedsec.errors import ConfigError
+from fedsec.fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 from fedsec.methods import personalization
 from fedsec.methods.robust import wrap_protocol
 from fedsec.plots import plot_metric, privacy_label
 from fedsec.privacy import PrivacySetup, build_privacy
 from fedsec.progress import ProgressBar
 from fedsec.rundir import RunDirectory, check_out
-from fl_core.history import HistoryRecorder, RoundObserver, TrainingResult
 
 RUN_FILES = ("config.toml", "history.csv", "summary.json", "model.pt", "accuracy.png")
 """Files of every run directory; a private run adds ``epsilon.png``."""
@@ -206,14 +206,14 @@ def make_protocol(
     ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round;
     ``reproducible`` draws the masking ring's order from ``rng`` too."""
     if aggregation == "masking":
-        from protocols.masked import MaskedAggregation
+        from fedsec.protocols.masked import MaskedAggregation
 
         return MaskedAggregation(
             max_weight=max_weight, rng=rng, clip=clip, bits=bits, graph=graph,
             threshold=threshold, dropout=dropout, active=active, reproducible=reproducible,
             tolerated_corrupt=corrupt, population=n_clients)
     if aggregation == "paillier":
-        from protocols.paillier import PaillierAggregation, default_threshold
+        from fedsec.protocols.paillier import PaillierAggregation, default_threshold
 
         m = fl_core.clients_per_round(fraction, n_clients)
         return PaillierAggregation(
@@ -379,7 +379,7 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
 
     from fedsec.audit.run import RunAudit, file_sha256
     from fedsec.checkpoint import CheckpointWriter, restore, resumable
-    from fl_core.parameters import get_vector
+    from fedsec.fl_core.parameters import get_vector
 
     config, server = experiment.config, experiment.server
     recorder = None

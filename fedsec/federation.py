@@ -22,18 +22,18 @@ import numpy as np
 import torch
 from torch import nn
 
-import fl_core
-from dp.errors import BudgetExhaustedError
+from fedsec import fl_core
 from fedsec.client_data import model_classes, to_dataset
+from fedsec.dp.errors import BudgetExhaustedError
 from fedsec.dp_spec import DP
 from fedsec.experiment import make_protocol
+from fedsec.fl_core.buffers import BUFFER_POLICIES, federate_buffers, restore_buffers
+from fedsec.fl_core.data import stratified_split
+from fedsec.fl_core.history import HistoryRecorder, RoundObserver, RoundRecord
+from fedsec.fl_core.local import TorchTrainer, default_loss
+from fedsec.fl_core.metrics import Evaluator, MetricFn
+from fedsec.fl_core.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 from fedsec.privacy import PrivacySettings, PrivacySetup, build_privacy_layer
-from fl_core.buffers import BUFFER_POLICIES, federate_buffers, restore_buffers
-from fl_core.data import stratified_split
-from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord
-from fl_core.local import TorchTrainer, default_loss
-from fl_core.metrics import Evaluator, MetricFn
-from fl_core.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
 
 SECURE_LAYERS = ("masking", "paillier")
 ALGORITHMS = ("fedavg", "fedprox")
@@ -342,8 +342,8 @@ class Federation:
 
     @staticmethod
     def _check_paillier(options: dict[str, Any], m: int) -> None:
-        from protocols.encoding import check_layer_arguments
-        from protocols.paillier.aggregation import CUSTODIES
+        from fedsec.protocols.encoding import check_layer_arguments
+        from fedsec.protocols.paillier.aggregation import CUSTODIES
 
         masking_only = sorted(set(options) & {"graph", "active", "corrupt"})
         if masking_only:
@@ -373,7 +373,7 @@ class Federation:
         if dp is None:
             return
         if dp.mode == "dpsgd":
-            from dp.per_sample import check_model
+            from fedsec.dp.per_sample import check_model
 
             t = self.trainer
             if t.optimizer != "sgd" or t.momentum or t.weight_decay or t.prox_mu:
@@ -412,7 +412,7 @@ class Federation:
         """Run DP-SGD's per-example probe (independence, exact gradients) once, on a copy of the
         model and the clients' first examples, so a model or loss that mixes the batch is refused
         here rather than in round 1."""
-        from dp.per_sample import PROBE_SIZE, PerExampleClipper
+        from fedsec.dp.per_sample import PROBE_SIZE, PerExampleClipper
 
         xs = np.concatenate([c.x[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]
         ys = np.concatenate([c.y[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]

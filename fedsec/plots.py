@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fedsec.config import ExperimentConfig  # noqa: E402
-from fl_core.history import RoundRecord  # noqa: E402
+from fedsec.fl_core.history import RoundRecord  # noqa: E402
 
 TITLE_WIDTH = 68
 """Characters per title line; longer lines are wrapped."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-import fl_core
-from dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
-from dp.ledger import with_steps
-from dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
-from fl_core.local import PerExampleLoss
-from protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
-from protocols.privacy.trainer import FULL_BATCH
+from fedsec.dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
+from fedsec.dp.ledger import with_steps
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.fl_core.local import PerExampleLoss
+from fedsec.protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
+from fedsec.protocols.privacy.trainer import FULL_BATCH
 
 
 @dataclass

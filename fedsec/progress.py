@@ -6,7 +6,7 @@ import sys
 
 from tqdm import tqdm
 
-from fl_core.history import RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.history import RoundObserver, RoundRecord, TrainingResult
 
 
 class ProgressBar(RoundObserver):

@@ -3,14 +3,14 @@
 The aggregation seam (:class:`AggregationProtocol`) is where privacy layers plug in.
 """
 
-from fl_core.aggregation import (
+from fedsec.fl_core.aggregation import (
     AggregateResult,
     AggregationProtocol,
     ClientUpdate,
     PlainAggregation,
 )
-from fl_core.buffers import federate_buffers, restore_buffers
-from fl_core.client import (
+from fedsec.fl_core.buffers import federate_buffers, restore_buffers
+from fedsec.fl_core.client import (
     FedAvg,
     FedProx,
     FedSGD,
@@ -20,9 +20,9 @@ from fl_core.client import (
     Strategy,
     ZeroOnFailure,
 )
-from fl_core.data import ArrayDataset, FederatedDataset
-from fl_core.datasets import DATASET_NAMES, load_federated
-from fl_core.errors import (
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset
+from fedsec.fl_core.datasets import DATASET_NAMES, load_federated
+from fedsec.fl_core.errors import (
     AggregationError,
     FLError,
     InvalidParameterError,
@@ -30,14 +30,14 @@ from fl_core.errors import (
     ShapeMismatchError,
     TooFewClientsError,
 )
-from fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord, TrainingResult
-from fl_core.local import TorchTrainer
-from fl_core.metrics import Evaluator
-from fl_core.models import MODEL_NAMES, build_model, evaluate
-from fl_core.parameters import ParameterLayout, get_vector, set_vector
-from fl_core.partition import PARTITION_SCHEMES, partition_indices
-from fl_core.server import FederatedServer, clients_per_round
-from fl_core.server_optimizers import (
+from fedsec.fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.local import TorchTrainer
+from fedsec.fl_core.metrics import Evaluator
+from fedsec.fl_core.models import MODEL_NAMES, build_model, evaluate
+from fedsec.fl_core.parameters import ParameterLayout, get_vector, set_vector
+from fedsec.fl_core.partition import PARTITION_SCHEMES, partition_indices
+from fedsec.fl_core.server import FederatedServer, clients_per_round
+from fedsec.fl_core.server_optimizers import (
     SERVER_OPTIMIZERS,
     ServerAdam,
     ServerMomentum,

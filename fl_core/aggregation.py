@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-
-from fl_core.errors import (
+from fedsec.fl_core.errors import (
     InvalidParameterError,
     NonFiniteError,
     ShapeMismatchError,
     TooFewClientsError,
 )
-from fl_core.parameters import check_vector
+from fedsec.fl_core.parameters import check_vector
 
 Purpose = Literal["update", "statistics"]
 """What a request sums: model updates of a training round, or feature statistics at set-up."""

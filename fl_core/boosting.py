@@ -29,12 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
-from fl_core.boosting_checks import INCONSISTENT, check_iteration, check_setup
-from fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner, lambda_for_df
-from fl_core.data import ArrayDataset
-from fl_core.errors import AggregationError, InvalidParameterError
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
+from fedsec.fl_core.boosting_checks import INCONSISTENT, check_iteration, check_setup
+from fedsec.fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner, lambda_for_df
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import AggregationError, InvalidParameterError
 
 FAMILIES = ("binomial", "gaussian")
 LEARNER_SETS = ("linear", "spline", "both")

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner
-from fl_core.errors import AggregationError
+from fedsec.fl_core.boosting_learners import BaseLearner, LinearLearner, PSplineLearner
+from fedsec.fl_core.errors import AggregationError
 
 RELATIVE_TOLERANCE = 1e-4
 """Disagreement allowed, in units of the pooled sample count n (quantisation is about 1e-7 n)."""

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
 
 DF_TOLERANCE = 1e-8
 """Bisection on log(lambda) stops when df(lambda) is this close to the target."""

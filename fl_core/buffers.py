@@ -11,9 +11,8 @@ then never read).
 
 from __future__ import annotations
 
+from fedsec.fl_core.errors import InvalidParameterError
 from torch import nn
-
-from fl_core.errors import InvalidParameterError
 
 BUFFER_POLICIES = ("federate", "refuse")
 _MARK = "_fedsec_federated_buffers"

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fedsec.fl_core.errors import InvalidParameterError
 
 ATTACKS = ("sign_flip", "scale", "noise")
 

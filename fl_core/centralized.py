@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
 
 
 def logistic_mle(

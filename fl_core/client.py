@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import InvalidParameterError, NonFiniteError
+from fedsec.fl_core.models import classification_loss
+from fedsec.fl_core.parameters import get_vector, set_vector
+from fedsec.fl_core.server_optimizers import ServerOptimizer
 from torch import nn
-
-from fl_core.data import ArrayDataset
-from fl_core.errors import InvalidParameterError, NonFiniteError
-from fl_core.models import classification_loss
-from fl_core.parameters import get_vector, set_vector
-from fl_core.server_optimizers import ServerOptimizer
 
 
 @dataclass(frozen=True)

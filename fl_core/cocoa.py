@@ -31,10 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from fl_core.aggregation import AggregationProtocol, ClientUpdate
-from fl_core.duality import make_loss, signed_labels, with_intercept
-from fl_core.errors import AggregationError, InvalidParameterError
+from fedsec.fl_core.aggregation import AggregationProtocol, ClientUpdate
+from fedsec.fl_core.duality import make_loss, signed_labels, with_intercept
+from fedsec.fl_core.errors import AggregationError, InvalidParameterError
 
 COMBINE = ("adding", "averaging")
 

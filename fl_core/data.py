@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from fl_core.errors import InvalidParameterError, ShapeMismatchError
+from fedsec.fl_core.errors import InvalidParameterError, ShapeMismatchError
 
 
 @dataclass(frozen=True)

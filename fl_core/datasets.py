@@ -7,11 +7,10 @@ client its training data, so no test sample ever reaches a client.
 from __future__ import annotations
 
 import numpy as np
-
-from fl_core.data import ArrayDataset, FederatedDataset, stratified_split
-from fl_core.errors import InvalidParameterError
-from fl_core.partition import partition_indices
-from fl_core.synthetic import make_synthetic
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset, stratified_split
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.partition import partition_indices
+from fedsec.fl_core.synthetic import make_synthetic
 
 DATASET_NAMES = ("breast_cancer", "digits", "synthetic")
 

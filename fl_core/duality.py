@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from fedsec.fl_core.errors import InvalidParameterError
 from scipy.special import xlogy
-
-from fl_core.errors import InvalidParameterError
 
 LOSSES = ("hinge", "logistic")
 NEWTON_ITERATIONS = 60

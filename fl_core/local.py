@@ -11,12 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from fedsec.fl_core.client import LocalTrainer, batches
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.models import classification_loss
 from torch import nn
-
-from fl_core.client import LocalTrainer, batches
-from fl_core.data import ArrayDataset
-from fl_core.errors import InvalidParameterError
-from fl_core.models import classification_loss
 
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(outputs, targets) -> one loss per example (shape ``[batch]``)."""

@@ -16,11 +16,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.models import predict
 from torch import nn
-
-from fl_core.data import ArrayDataset
-from fl_core.errors import InvalidParameterError
-from fl_core.models import predict
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 """(y_true int64 [n], y_score float64 [n] or [n, k]) -> a number."""
@@ -74,7 +73,7 @@ class Evaluator:
                 raise InvalidParameterError(f"metric {name!r} must be callable fn(y_true, y_score)")
         if batch_size < 1:
             raise InvalidParameterError(f"batch_size must be >= 1, got {batch_size}")
-        from fl_core.local import default_loss
+        from fedsec.fl_core.local import default_loss
 
         self.loss = loss or default_loss
         self.metrics, self.groups, self.batch_size = metrics, groups, batch_size

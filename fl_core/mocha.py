@@ -33,10 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from fl_core.cocoa import local_sdca
-from fl_core.duality import make_loss, signed_labels, with_intercept
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.cocoa import local_sdca
+from fedsec.fl_core.duality import make_loss, signed_labels, with_intercept
+from fedsec.fl_core.errors import InvalidParameterError
 
 EIGEN_FLOOR = 1e-6
 

@@ -12,10 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from fedsec.fl_core.errors import InvalidParameterError
 from torch import nn
 from torch.nn import functional as F
-
-from fl_core.errors import InvalidParameterError
 
 MODEL_NAMES = ("logreg", "mlp", "cnn")
 

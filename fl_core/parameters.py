@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from fedsec.fl_core.errors import NonFiniteError, ShapeMismatchError
 from torch import nn
-
-from fl_core.errors import NonFiniteError, ShapeMismatchError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ once and every client receives at least one sample. All randomness comes from th
 from __future__ import annotations
 
 import numpy as np
-
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
 
 PARTITION_SCHEMES = ("iid", "unbalanced", "shards", "dirichlet", "feature_bias")
 

@@ -19,13 +19,12 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from fedsec.fl_core.client import LocalResult, Strategy, batches
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset, stratified_split
+from fedsec.fl_core.errors import InvalidParameterError, NonFiniteError
+from fedsec.fl_core.models import classification_loss, evaluate
+from fedsec.fl_core.parameters import get_vector, set_vector
 from torch import nn
-
-from fl_core.client import LocalResult, Strategy, batches
-from fl_core.data import ArrayDataset, FederatedDataset, stratified_split
-from fl_core.errors import InvalidParameterError, NonFiniteError
-from fl_core.models import classification_loss, evaluate
-from fl_core.parameters import get_vector, set_vector
 
 
 def _params(model: nn.Module) -> list[torch.Tensor]:

@@ -17,15 +17,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-
-from fl_core.aggregation import (
+from fedsec.fl_core.aggregation import (
     AggregateResult,
     AggregationProtocol,
     ClientUpdate,
     Purpose,
     screen_updates,
 )
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
 
 RULES = ("median", "trimmed_mean")
 

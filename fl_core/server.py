@@ -6,16 +6,15 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from fedsec.fl_core.aggregation import AggregationProtocol, ClientUpdate
+from fedsec.fl_core.client import Strategy
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset
+from fedsec.fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
+from fedsec.fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.models import evaluate
+from fedsec.fl_core.parameters import get_vector, set_vector
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 from torch import nn
-
-from fl_core.aggregation import AggregationProtocol, ClientUpdate
-from fl_core.client import Strategy
-from fl_core.data import ArrayDataset, FederatedDataset
-from fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
-from fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
-from fl_core.models import evaluate
-from fl_core.parameters import get_vector, set_vector
-from fl_core.standardize import apply_standardization, federated_moments
 
 
 def clients_per_round(fraction: float, n_clients: int) -> int:

@@ -18,8 +18,7 @@ import math
 from abc import ABC, abstractmethod
 
 import numpy as np
-
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
 
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adam", "yogi")
 DEFAULT_SERVER_LR = {"sgd": 1.0, "momentum": 1.0, "adam": 0.01, "yogi": 0.01}

@@ -10,10 +10,9 @@ the pooled training data would.
 from __future__ import annotations
 
 import numpy as np
-
-from fl_core.aggregation import AggregationProtocol, ClientUpdate
-from fl_core.data import ArrayDataset, FederatedDataset
-from fl_core.errors import AggregationError
+from fedsec.fl_core.aggregation import AggregationProtocol, ClientUpdate
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset
+from fedsec.fl_core.errors import AggregationError
 
 MIN_STD = 1e-8
 ATTEMPTS = 3

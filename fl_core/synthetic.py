@@ -17,9 +17,8 @@ diagonal), labels follow y ~ Bernoulli(sigmoid(b + x' theta)). Four set-ups:
 from __future__ import annotations
 
 import numpy as np
-
-from fl_core.data import ArrayDataset, FederatedDataset
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.data import ArrayDataset, FederatedDataset
+from fedsec.fl_core.errors import InvalidParameterError
 
 SETUPS = (1, 2, 3, 4)
 SENSOR_CLIENT = 2

@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-
-from fl_core.aggregation import ClientUpdate, Purpose
-from fl_core.errors import InvalidParameterError
-from protocols.errors import ProtocolAbort
-from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder, clip_range
+from fedsec.fl_core.aggregation import ClientUpdate, Purpose
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder, clip_range
 
 STATISTICS_CLIP = float(2**24)
 """Range of feature statistics (means, centred second moments) sent with purpose='statistics'."""

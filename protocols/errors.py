@@ -8,7 +8,7 @@ server that client simply stops answering.
 
 from __future__ import annotations
 
-from fl_core.errors import AggregationError
+from fedsec.fl_core.errors import AggregationError
 
 
 class ProtocolAbort(AggregationError):

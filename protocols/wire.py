@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from protocols.errors import MalformedMessage
+from fedsec.protocols.errors import MalformedMessage
 
 MAX_LIST = 1 << 20
 MAX_BLOB = 1 << 31

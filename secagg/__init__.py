@@ -4,8 +4,8 @@ Shamir sharing over GF(2^256 + 297), the AES-CTR mask PRG, X25519/HKDF/AES-GCM/E
 the shared fixed-point encoder, and packed Paillier (:mod:`secagg.paillier`).
 """
 
-from secagg.encoding import Encoded, FixedPointEncoder
-from secagg.errors import (
+from fedsec.secagg.encoding import Encoded, FixedPointEncoder
+from fedsec.secagg.errors import (
     CryptoError,
     EncodingError,
     InvalidArgumentError,
@@ -14,7 +14,7 @@ from secagg.errors import (
     SecAggError,
     WrapRiskError,
 )
-from secagg.prg import MaskExpander
+from fedsec.secagg.prg import MaskExpander
 
 __all__ = ["CryptoError", "Encoded", "EncodingError", "FixedPointEncoder", "InvalidArgumentError",
            "InvalidCiphertextError", "MaskExpander", "ReconstructionError", "SecAggError",

@@ -22,9 +22,8 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-
-from secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
-from secagg.prg import word_dtype
+from fedsec.secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
+from fedsec.secagg.prg import word_dtype
 
 MAX_MODULUS_BITS = 64
 

@@ -24,8 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-from secagg.errors import CryptoError, InvalidArgumentError
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError
 
 KEY_BYTES = 32
 NONCE_BYTES = 12

@@ -14,8 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-from secagg.errors import InvalidArgumentError
+from fedsec.secagg.errors import InvalidArgumentError
 
 _ZERO_IV = bytes(16)
 

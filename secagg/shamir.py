@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
-
-from secagg.errors import InvalidArgumentError, ReconstructionError
+from fedsec.secagg.errors import InvalidArgumentError, ReconstructionError
 
 PRIME = 2**256 + 297
 """The field modulus: the smallest prime above 2^256, so any 32-byte string is one element."""

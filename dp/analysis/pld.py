@@ -18,9 +18,8 @@ from collections.abc import Sequence
 
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
-
-from dp.errors import UnsupportedEventError
-from dp.ledger import Event, GaussianEvent
+from fedsec.dp.errors import UnsupportedEventError
+from fedsec.dp.ledger import Event, GaussianEvent
 
 COARSEST = 1e-2
 FINEST = 1e-5

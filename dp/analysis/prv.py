@@ -6,10 +6,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
+from fedsec.dp.errors import UnsupportedEventError
+from fedsec.dp.ledger import Event, GaussianEvent
 from opacus.accountants import PRVAccountant
-
-from dp.errors import UnsupportedEventError
-from dp.ledger import Event, GaussianEvent
 
 
 def epsilon(events: Sequence[Event], delta: float) -> float:

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
-
-from dp.analysis.pld import to_dp_event
-from dp.errors import UnsupportedEventError
-from dp.ledger import Event, GaussianEvent, SkellamEvent
+from fedsec.dp.analysis.pld import to_dp_event
+from fedsec.dp.errors import UnsupportedEventError
+from fedsec.dp.ledger import Event, GaussianEvent, SkellamEvent
 
 ORDERS = tuple(range(2, 64)) + tuple(range(64, 257, 8)) + (320, 384, 512, 768, 1024)
 """Integer orders for the Skellam bound (it holds for integer orders only)."""

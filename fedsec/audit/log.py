@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from secagg.keys import SigningKey
+from fedsec.secagg.keys import SigningKey
 
 FORMAT = "fedsec-audit-1"
 """The ``header.format`` value this module writes and reads."""

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from fedsec.audit.log import AuditLog, read_events
-from fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
-from secagg.keys import SigningKey
+from fedsec.fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
+from fedsec.secagg.keys import SigningKey
 
 ACTOR = "fedsec-run"
 LOG = "audit.db"

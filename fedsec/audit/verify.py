@@ -14,11 +14,19 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from secagg.errors import CryptoError
-from secagg.keys import verify as verify_signature
-
-from fedsec.audit.log import FORMAT, Event, Head, canonical_json, fingerprint, genesis, read_events, \
-    read_header, row_hash
+from fedsec.audit.log import (
+    FORMAT,
+    Event,
+    Head,
+    canonical_json,
+    fingerprint,
+    genesis,
+    read_events,
+    read_header,
+    row_hash,
+)
+from fedsec.secagg.errors import CryptoError
+from fedsec.secagg.keys import verify as verify_signature
 
 
 class LogBroken(Exception):

@@ -16,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
-from fedsec.methods.boosting_plots import plot_coefficient_paths
-from fedsec.plots import plot_metric
-from fl_core.boosting import (
+from fedsec.fl_core.boosting import (
     BoostingFit,
     BoostingModel,
     BoostingSpec,
@@ -29,8 +27,10 @@ from fl_core.boosting import (
     FederatedBoosting,
     family_named,
 )
-from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
-from fl_core.standardize import apply_standardization, federated_moments
+from fedsec.fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
+from fedsec.methods.boosting_plots import plot_coefficient_paths
+from fedsec.plots import plot_metric
 
 
 def boosting_spec(config: ExperimentConfig) -> BoostingSpec:

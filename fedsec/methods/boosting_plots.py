@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fl_core.boosting import BoostingFit  # noqa: E402
-from fl_core.boosting_learners import LinearLearner, PSplineLearner  # noqa: E402
+from fedsec.fl_core.boosting import BoostingFit  # noqa: E402
+from fedsec.fl_core.boosting_learners import LinearLearner, PSplineLearner  # noqa: E402
 
 MAX_CURVES = 8
 """Most learners drawn per panel (the most often selected ones)."""

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
+from fedsec.fl_core.cocoa import CoCoA, CoCoAClient, CoCoARound
+from fedsec.fl_core.duality import make_loss, signed_labels, with_intercept
+from fedsec.fl_core.history import RoundRecord
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 from fedsec.methods.linear import RoundLog, load_data, run_linear
-from fl_core.cocoa import CoCoA, CoCoAClient, CoCoARound
-from fl_core.duality import make_loss, signed_labels, with_intercept
-from fl_core.history import RoundRecord
-from fl_core.standardize import apply_standardization, federated_moments
 
 
 def run_cocoa(config: ExperimentConfig, *, out: str | Path | None = None, progress: bool = False,

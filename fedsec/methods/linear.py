@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
+from fedsec.fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
 from fedsec.plots import metric_figure, plot_metric
 from fedsec.progress import ProgressBar
 from fedsec.rundir import RunDirectory, check_out
-from fl_core.history import HistoryRecorder, RoundObserver, RoundRecord, TrainingResult
 
 
 def load_data(config: ExperimentConfig, rng: np.random.Generator) -> fl_core.FederatedDataset:

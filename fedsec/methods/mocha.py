@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from fedsec.config import ExperimentConfig
+from fedsec.fl_core import ArrayDataset, PlainAggregation
+from fedsec.fl_core.history import RoundRecord
+from fedsec.fl_core.mocha import Mocha, MochaClient, MochaRound
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 from fedsec.methods.linear import RoundLog, load_data, run_linear
-from fl_core import ArrayDataset, PlainAggregation
-from fl_core.history import RoundRecord
-from fl_core.mocha import Mocha, MochaClient, MochaRound
-from fl_core.standardize import apply_standardization, federated_moments
 
 
 def holdout_split(part: ArrayDataset, fraction: float, rng: np.random.Generator

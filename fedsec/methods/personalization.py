@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
-from fl_core.data import ArrayDataset
-from fl_core.history import TrainingResult
-from fl_core.personalization import Ditto, PerFedAvg, adapt, per_client_accuracy, split_local
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.history import TrainingResult
+from fedsec.fl_core.personalization import Ditto, PerFedAvg, adapt, per_client_accuracy, split_local
 
 ALGORITHMS = ("ditto", "perfedavg")
 ADAPT_STREAM = 16

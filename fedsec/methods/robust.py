@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import ExperimentConfig
-from fl_core.byzantine import ByzantineClients
-from fl_core.robust import NormBoundedAggregation, RobustAggregation
+from fedsec.fl_core.byzantine import ByzantineClients
+from fedsec.fl_core.robust import NormBoundedAggregation, RobustAggregation
 
 BYZANTINE_STREAM = 15
 """Mixed into the seed for the generator that picks the Byzantine clients and their noise."""

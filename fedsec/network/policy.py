@@ -174,9 +174,9 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
     """
     import numpy as np
 
-    from fl_core.server import clients_per_round
-    from protocols.masked import MaskedAggregation
-    from protocols.paillier.aggregation import default_threshold
+    from fedsec.fl_core.server import clients_per_round
+    from fedsec.protocols.masked import MaskedAggregation
+    from fedsec.protocols.paillier.aggregation import default_threshold
 
     secure, dp = config.secure, config.dp
     m = clients_per_round(config.train.fraction, config.data.clients)

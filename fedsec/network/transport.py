@@ -135,7 +135,7 @@ class TransportServer:
             _log.warning("malformed message from %s: %s", peer.name, error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
         except Exception as error:
-            from protocols.errors import ClientAbort, ProtocolAbort
+            from fedsec.protocols.errors import ClientAbort, ProtocolAbort
 
             if isinstance(error, ClientAbort | ProtocolAbort):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))

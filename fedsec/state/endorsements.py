@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from protocols.paillier.state import EndorsementConflict, check_endorsement
+from fedsec.protocols.paillier.state import EndorsementConflict, check_endorsement
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS endorsed (key_id BLOB NOT NULL, sequence BLOB NOT NULL, "
            "digest BLOB NOT NULL, PRIMARY KEY (key_id, sequence))")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from protocols.paillier.state import check_next
+from fedsec.protocols.paillier.state import check_next
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS burned (key_id BLOB PRIMARY KEY, sequence INTEGER NOT NULL)"
 

@@ -22,15 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from fl_core.aggregation import (
+from fedsec.fl_core.aggregation import (
     AggregateResult,
     AggregationProtocol,
     ClientUpdate,
     Purpose,
 )
-from fl_core.errors import InvalidParameterError
-from protocols.encoding import (
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols.encoding import (
     Rejection,
     ShiftedNoise,
     check_layer_arguments,
@@ -38,14 +37,14 @@ from protocols.encoding import (
     remove_offsets,
     validate_updates,
 )
-from protocols.errors import MalformedMessage, ProtocolAbort
-from protocols.masked.client import ClientPolicy
-from protocols.masked.graph import choose_parameters
-from protocols.masked.policy import minimum_threshold
-from protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
-from protocols.transport import InMemoryTransport
-from secagg.errors import SecAggError
-from secagg.keys import SigningKey
+from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked.client import ClientPolicy
+from fedsec.protocols.masked.graph import choose_parameters
+from fedsec.protocols.masked.policy import minimum_threshold
+from fedsec.protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
+from fedsec.protocols.transport import InMemoryTransport
+from fedsec.secagg.errors import SecAggError
+from fedsec.secagg.keys import SigningKey
 
 
 class MaskedAggregation(AggregationProtocol):

@@ -25,11 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from protocols.errors import ClientAbort, MalformedMessage
-from protocols.masked import messages as m
-from protocols.masked.graph import RingGraph
-from protocols.masked.keys import (
+from fedsec.protocols.errors import ClientAbort, MalformedMessage
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.graph import RingGraph
+from fedsec.protocols.masked.keys import (
     attestation_message,
     commitment_digest,
     consistency_message,
@@ -40,12 +39,12 @@ from protocols.masked.keys import (
     share_box_key,
     share_hash,
 )
-from protocols.masked.policy import minimum_threshold, survivor_quorum
-from secagg import keys as crypto
-from secagg import shamir
-from secagg.encoding import Encoded, FixedPointEncoder
-from secagg.errors import CryptoError, SecAggError
-from secagg.prg import MaskExpander
+from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.secagg import keys as crypto
+from fedsec.secagg import shamir
+from fedsec.secagg.encoding import Encoded, FixedPointEncoder
+from fedsec.secagg.errors import CryptoError, SecAggError
+from fedsec.secagg.prg import MaskExpander
 
 # Abort reasons (stable strings; tests and audit logs match on them).
 MALFORMED = "malformed message"

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from fedsec.secagg.errors import InvalidArgumentError
 from scipy.stats import hypergeom
-
-from secagg.errors import InvalidArgumentError
 
 DEFAULT_SIGMA = 40
 DEFAULT_ETA = 20

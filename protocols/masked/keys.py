@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from secagg import keys as crypto
+from fedsec.secagg import keys as crypto
 
 COMMITMENT_BYTES = 32
 

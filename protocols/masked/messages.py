@@ -13,11 +13,11 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
-from protocols.errors import MalformedMessage
-from protocols.masked.keys import COMMITMENT_BYTES
-from protocols.wire import Reader, Writer
-from secagg.keys import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
-from secagg.shamir import SHARE_BYTES
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.masked.keys import COMMITMENT_BYTES
+from fedsec.protocols.wire import Reader, Writer
+from fedsec.secagg.keys import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
+from fedsec.secagg.shamir import SHARE_BYTES
 
 MAGIC = b"FSM1"
 SESSION_BYTES = 16

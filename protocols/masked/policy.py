@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from protocols.masked.graph import DEFAULT_SIGMA, _quantile, threshold_for
+from fedsec.protocols.masked.graph import DEFAULT_SIGMA, _quantile, threshold_for
 
 
 def _check(n: int, population: int) -> None:

@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from protocols.errors import MalformedMessage, ProtocolAbort
-from protocols.masked import messages as m
-from protocols.masked.graph import RingGraph
-from protocols.masked.keys import (
+from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.graph import RingGraph
+from fedsec.protocols.masked.keys import (
     COMMITMENT_BYTES,
     attestation_message,
     commitment_digest,
@@ -41,12 +40,12 @@ from protocols.masked.keys import (
     self_mask_key,
     share_hash,
 )
-from protocols.masked.policy import minimum_threshold, survivor_quorum
-from secagg import keys as crypto
-from secagg import shamir
-from secagg.encoding import FixedPointEncoder
-from secagg.errors import CryptoError, SecAggError
-from secagg.prg import accumulate_masks
+from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.secagg import keys as crypto
+from fedsec.secagg import shamir
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.errors import CryptoError, SecAggError
+from fedsec.secagg.prg import accumulate_masks
 
 _PRIME_BYTES = shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big")
 

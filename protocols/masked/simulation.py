@@ -13,15 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from protocols.errors import ClientAbort
-from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.graph import RingGraph, shuffled_ring
-from protocols.masked.messages import SESSION_BYTES
-from protocols.masked.server import MaskedServer
-from protocols.transport import InMemoryTransport, Transport
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked.client import ClientPolicy, MaskedClient
+from fedsec.protocols.masked.graph import RingGraph, shuffled_ring
+from fedsec.protocols.masked.messages import SESSION_BYTES
+from fedsec.protocols.masked.server import MaskedServer
+from fedsec.protocols.transport import InMemoryTransport, Transport
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
 
 DROP_STAGES = (1, 2, 3, 4)
 _STAGE_INDEX = {"advertise keys": 0, "share keys": 1, "masked input": 2, "consistency check": 3,

@@ -15,27 +15,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
-from fl_core.errors import InvalidParameterError
-from protocols.encoding import (
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols.encoding import (
     ShiftedNoise,
     check_layer_arguments,
     encoder_for,
     remove_offsets,
     validate_updates,
 )
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
-from protocols.paillier.client import PaillierClient
-from protocols.paillier.coordinator import ThresholdCoordinator
-from protocols.paillier.dealer import ThresholdDealer
-from protocols.paillier.keyholder import PaillierKeyHolder
-from protocols.paillier.server import PaillierServer
-from protocols.paillier.spec import RoundSpec
-from protocols.paillier.trust import read_verification_keys
-from protocols.transport import InMemoryTransport, Transport
-from secagg.keys import SigningKey
-from secagg.paillier import PaillierPublicKey, slot_bits_for
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier.client import PaillierClient
+from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
+from fedsec.protocols.paillier.dealer import ThresholdDealer
+from fedsec.protocols.paillier.keyholder import PaillierKeyHolder
+from fedsec.protocols.paillier.server import PaillierServer
+from fedsec.protocols.paillier.spec import RoundSpec
+from fedsec.protocols.paillier.trust import read_verification_keys
+from fedsec.protocols.transport import InMemoryTransport, Transport
+from fedsec.secagg.keys import SigningKey
+from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
 
 CUSTODIES = ("key_holder", "threshold")
 

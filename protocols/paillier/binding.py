@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from protocols.paillier.messages import Submission
-from protocols.wire import Writer
-from secagg.paillier.keys import KEY_ID_BYTES, PaillierPublicKey
-from secagg.paillier.knowledge import verify_knowledge
+from fedsec.protocols.paillier.messages import Submission
+from fedsec.protocols.wire import Writer
+from fedsec.secagg.paillier.keys import KEY_ID_BYTES, PaillierPublicKey
+from fedsec.secagg.paillier.knowledge import verify_knowledge
 
 _SUBMISSION = b"fedsec/paillier/submission-proof/v1"
 _SHARES = b"fedsec/paillier/share-proof/v1"

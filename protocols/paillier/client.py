@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-
-from protocols.errors import ClientAbort, MalformedMessage
-from protocols.paillier import party as party_rules
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.binding import submission_context
-from protocols.paillier.messages import (
+from fedsec.protocols.errors import ClientAbort, MalformedMessage
+from fedsec.protocols.paillier import party as party_rules
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.binding import submission_context
+from fedsec.protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
     REGISTER_DOMAIN,
@@ -35,21 +34,21 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.party import DecryptionParty
-from protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
-from protocols.paillier.state import MAX_SEQUENCE, EndorsementStore, MemoryEndorsementStore
-from protocols.paillier.trust import read_verification_keys
-from secagg.errors import CryptoError, InvalidArgumentError
-from secagg.keys import KeyPair, SigningKey, open_sealed, verify
-from secagg.paillier import (
+from fedsec.protocols.paillier.party import DecryptionParty
+from fedsec.protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
+from fedsec.protocols.paillier.state import MAX_SEQUENCE, EndorsementStore, MemoryEndorsementStore
+from fedsec.protocols.paillier.trust import read_verification_keys
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError
+from fedsec.secagg.keys import KeyPair, SigningKey, open_sealed, verify
+from fedsec.secagg.paillier import (
     DJNRandomness,
     PaillierPublicKey,
     encode_batch,
     encrypt,
 )
-from secagg.paillier.keys import SECURE_KEY_BITS
-from secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
-from secagg.paillier.threshold import KeyShare
+from fedsec.secagg.paillier.keys import SECURE_KEY_BITS
+from fedsec.secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
+from fedsec.secagg.paillier.threshold import KeyShare
 
 BAD_ANNOUNCEMENT = "announcement does not verify"
 WEAK_KEY = "Paillier key is too small or malformed"

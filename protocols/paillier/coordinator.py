@@ -11,17 +11,16 @@ import hashlib
 from collections.abc import Mapping
 
 import numpy as np
-
-from protocols.errors import MalformedMessage, ProtocolAbort
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.binding import quorum, share_context
-from protocols.paillier.server import PaillierServer
-from protocols.paillier.trust import PartyDirectory
-from secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
-from secagg.keys import verify
-from secagg.paillier import decode_batch
-from secagg.paillier.share_proofs import verify_decryption
-from secagg.paillier.threshold import combine
+from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.binding import quorum, share_context
+from fedsec.protocols.paillier.server import PaillierServer
+from fedsec.protocols.paillier.trust import PartyDirectory
+from fedsec.secagg.errors import CryptoError, EncodingError, InvalidCiphertextError, ReconstructionError
+from fedsec.secagg.keys import verify
+from fedsec.secagg.paillier import decode_batch
+from fedsec.secagg.paillier.share_proofs import verify_decryption
+from fedsec.secagg.paillier.threshold import combine
 
 MALFORMED = "malformed response"
 BAD_PROOF = "decryption shares do not verify"

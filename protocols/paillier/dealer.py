@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.messages import ANNOUNCE_DOMAIN, THRESHOLD, Announcement, encode
-from secagg.errors import InvalidArgumentError
-from secagg.keys import KEY_BYTES, SigningKey
-from secagg.paillier.safe_keys import generate_safe_keypair
-from secagg.paillier.share_proofs import make_verification_keys
-from secagg.paillier.threshold import KeyShare, deal_shares
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.messages import ANNOUNCE_DOMAIN, THRESHOLD, Announcement, encode
+from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.keys import KEY_BYTES, SigningKey
+from fedsec.secagg.paillier.safe_keys import generate_safe_keypair
+from fedsec.secagg.paillier.share_proofs import make_verification_keys
+from fedsec.secagg.paillier.threshold import KeyShare, deal_shares
 
 
 class ThresholdDealer:

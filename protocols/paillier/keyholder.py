@@ -33,8 +33,8 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from protocols.errors import MalformedMessage, ProtocolAbort
-from protocols.paillier.messages import (
+from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier.messages import (
     ANNOUNCE_DOMAIN,
     KEY_HOLDER,
     REGISTER_DOMAIN,
@@ -48,7 +48,7 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.spec import (
+from fedsec.protocols.paillier.spec import (
     RoundSpec,
     round_coefficients,
     round_tags,
@@ -56,11 +56,11 @@ from protocols.paillier.spec import (
     welcome_associated,
     wrap_key,
 )
-from protocols.paillier.state import MemorySequenceStore, SequenceStore, StaleSequence
-from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
-from secagg.keys import KEY_BYTES, KeyPair, SigningKey, seal, verify
-from secagg.paillier import PaillierPrivateKey, decode_batch, decrypt, generate_keypair
-from secagg.paillier.packing import MAC_PRIME, slot_forms
+from fedsec.protocols.paillier.state import MemorySequenceStore, SequenceStore, StaleSequence
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
+from fedsec.secagg.keys import KEY_BYTES, KeyPair, SigningKey, seal, verify
+from fedsec.secagg.paillier import PaillierPrivateKey, decode_batch, decrypt, generate_keypair
+from fedsec.secagg.paillier.packing import MAC_PRIME, slot_forms
 
 REFUSAL = encode(Refusal())
 """The one refusal the key holder sends, whatever the reason."""

@@ -12,11 +12,10 @@ import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-
-from protocols.errors import MalformedMessage
-from protocols.wire import Reader, Writer
-from secagg.keys import KEY_BYTES, SIGNATURE_BYTES
-from secagg.paillier.keys import KEY_ID_BYTES
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.wire import Reader, Writer
+from fedsec.secagg.keys import KEY_BYTES, SIGNATURE_BYTES
+from fedsec.secagg.paillier.keys import KEY_ID_BYTES
 
 _MAGIC = b"FSPM"
 _VERSION = 1

@@ -22,19 +22,18 @@ import hashlib
 from collections.abc import Mapping
 
 import gmpy2
-
-from protocols.errors import ClientAbort, MalformedMessage
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.binding import check_submission_proof, quorum, share_context
-from protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode
-from protocols.paillier.spec import RoundSpec
-from protocols.paillier.state import EndorsementConflict, EndorsementStore, MemoryEndorsementStore
-from protocols.paillier.trust import PartyDirectory
-from secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
-from secagg.keys import SigningKey, verify
-from secagg.paillier import add_into, decode_batch, encode_batch
-from secagg.paillier.share_proofs import prove_decryption
-from secagg.paillier.threshold import KeyShare, decryption_shares
+from fedsec.protocols.errors import ClientAbort, MalformedMessage
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.binding import check_submission_proof, quorum, share_context
+from fedsec.protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode
+from fedsec.protocols.paillier.spec import RoundSpec
+from fedsec.protocols.paillier.state import EndorsementConflict, EndorsementStore, MemoryEndorsementStore
+from fedsec.protocols.paillier.trust import PartyDirectory
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
+from fedsec.secagg.keys import SigningKey, verify
+from fedsec.secagg.paillier import add_into, decode_batch, encode_batch
+from fedsec.secagg.paillier.share_proofs import prove_decryption
+from fedsec.secagg.paillier.threshold import KeyShare, decryption_shares
 
 BAD_LIST = "contributor list malformed, too short or naming non-parties"
 CONFLICT = "another contributor list was endorsed for this aggregation"

@@ -13,11 +13,10 @@ from collections.abc import Iterable, Mapping
 
 import gmpy2
 import numpy as np
-
-from protocols.errors import MalformedMessage, ProtocolAbort
-from protocols.paillier.binding import check_submission_proof
-from protocols.paillier.keyholder import DecryptionRefused
-from protocols.paillier.messages import (
+from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier.binding import check_submission_proof
+from fedsec.protocols.paillier.keyholder import DecryptionRefused
+from fedsec.protocols.paillier.messages import (
     REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
     DecryptionRequest,
@@ -27,10 +26,10 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.spec import RoundSpec
-from secagg.errors import CryptoError, InvalidCiphertextError
-from secagg.keys import SigningKey, verify
-from secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
+from fedsec.protocols.paillier.spec import RoundSpec
+from fedsec.secagg.errors import CryptoError, InvalidCiphertextError
+from fedsec.secagg.keys import SigningKey, verify
+from fedsec.secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
 
 
 class PaillierServer:

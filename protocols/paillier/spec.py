@@ -27,12 +27,11 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-
-from protocols.errors import MalformedMessage
-from secagg.keys import context_bytes, derive_key
-from secagg.paillier import PaillierPublicKey, SlotLayout, slot_bits_for
-from secagg.paillier.packing import MAC_PRIME, coefficients_from, slot_forms
-from secagg.prg import MaskExpander
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.secagg.keys import context_bytes, derive_key
+from fedsec.secagg.paillier import PaillierPublicKey, SlotLayout, slot_bits_for
+from fedsec.secagg.paillier.packing import MAC_PRIME, coefficients_from, slot_forms
+from fedsec.secagg.prg import MaskExpander
 
 TAG_BITS = 128
 _SPEC = struct.Struct(">QIBQI?")

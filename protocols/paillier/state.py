@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from protocols.errors import ProtocolAbort
+from fedsec.protocols.errors import ProtocolAbort
 
 MAX_SEQUENCE = (1 << 63) - 1
 """Largest sequence number a store must hold (fits a signed 64-bit column)."""

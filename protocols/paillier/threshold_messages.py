@@ -21,10 +21,10 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from protocols.errors import MalformedMessage
-from protocols.wire import Reader, Writer
-from secagg.keys import SIGNATURE_BYTES
-from secagg.paillier.keys import KEY_ID_BYTES
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.wire import Reader, Writer
+from fedsec.secagg.keys import SIGNATURE_BYTES
+from fedsec.secagg.paillier.keys import KEY_ID_BYTES
 
 _MAGIC = b"FSPT"
 _VERSION = 1

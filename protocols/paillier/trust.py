@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocols.errors import MalformedMessage
-from protocols.paillier import threshold_messages as tm
-from secagg.errors import CryptoError, InvalidArgumentError
-from secagg.keys import verify
-from secagg.paillier.keys import PaillierPublicKey
-from secagg.paillier.share_proofs import VerificationKeys
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError
+from fedsec.secagg.keys import verify
+from fedsec.secagg.paillier.keys import PaillierPublicKey
+from fedsec.secagg.paillier.share_proofs import VerificationKeys
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dp import Accountant
-from dp.errors import DPError
-from dp.ledger import Event, GaussianEvent
-from dp.noise import truncation_delta
-from fl_core.history import RoundObserver, RoundRecord
-from protocols.privacy.trainer import DPSGDTrainer
+from fedsec.dp import Accountant
+from fedsec.dp.errors import DPError
+from fedsec.dp.ledger import Event, GaussianEvent
+from fedsec.dp.noise import truncation_delta
+from fedsec.fl_core.history import RoundObserver, RoundRecord
+from fedsec.protocols.privacy.trainer import DPSGDTrainer
 
 UNITS = ("example", "client")
 """What one epsilon protects, i.e. how neighbouring runs differ:

@@ -30,20 +30,19 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-
-from dp import SecureRandom
-from dp.ledger import Event, GaussianEvent, SkellamEvent
-from dp.noise import MIN_NOISE_MULTIPLIER
-from fl_core.aggregation import (
+from fedsec.dp import SecureRandom
+from fedsec.dp.ledger import Event, GaussianEvent, SkellamEvent
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.fl_core.aggregation import (
     AggregateResult,
     AggregationProtocol,
     ClientUpdate,
     PlainAggregation,
     Purpose,
 )
-from fl_core.errors import InvalidParameterError
-from protocols.encoding import validate_updates
-from protocols.errors import ProtocolAbort
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols.encoding import validate_updates
+from fedsec.protocols.errors import ProtocolAbort
 
 SHIFT_STDS = 20
 

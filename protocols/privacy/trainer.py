@@ -11,13 +11,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from fedsec.dp import DPSGD
+from fedsec.dp.ledger import GaussianEvent
+from fedsec.fl_core.client import LocalTrainer
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.models import classification_loss
 from torch import nn
-
-from dp import DPSGD
-from dp.ledger import GaussianEvent
-from fl_core.client import LocalTrainer
-from fl_core.data import ArrayDataset
-from fl_core.models import classification_loss
 
 FULL_BATCH = 2**31
 """Expected batch size standing for "the whole local data set" (sampling rate 1)."""

@@ -14,10 +14,9 @@ import struct
 from collections.abc import Sequence
 
 import gmpy2
-
-from secagg.errors import InvalidCiphertextError
-from secagg.paillier.keys import KEY_ID_BYTES, PaillierPrivateKey, PaillierPublicKey
-from secagg.paillier.randomness import DJNRandomness
+from fedsec.secagg.errors import InvalidCiphertextError
+from fedsec.secagg.paillier.keys import KEY_ID_BYTES, PaillierPrivateKey, PaillierPublicKey
+from fedsec.secagg.paillier.randomness import DJNRandomness
 
 _MAGIC = b"FSPB"
 _VERSION = 1

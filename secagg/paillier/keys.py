@@ -15,8 +15,7 @@ from functools import lru_cache
 
 import gmpy2
 import phe
-
-from secagg.errors import InvalidArgumentError
+from fedsec.secagg.errors import InvalidArgumentError
 
 KEY_ID_BYTES = 16
 SECURE_KEY_BITS = (2048, 3072, 4096)

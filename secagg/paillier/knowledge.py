@@ -27,11 +27,10 @@ import secrets
 from collections.abc import Sequence
 
 import gmpy2
-
-from secagg.errors import CryptoError, InvalidCiphertextError
-from secagg.paillier.keys import PaillierPublicKey
-from secagg.paillier.randomness import DJNRandomness
-from secagg.paillier.transcript import (
+from fedsec.secagg.errors import CryptoError, InvalidCiphertextError
+from fedsec.secagg.paillier.keys import PaillierPublicKey
+from fedsec.secagg.paillier.randomness import DJNRandomness
+from fedsec.secagg.paillier.transcript import (
     CHALLENGE_BITS,
     challenge,
     coefficients,

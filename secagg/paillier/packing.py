@@ -23,8 +23,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
+from fedsec.secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
 
 MAX_SLOT_BITS = 64
 MAC_PRIME = (1 << 127) - 1

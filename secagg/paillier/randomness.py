@@ -19,8 +19,7 @@ import os
 import secrets
 
 import gmpy2
-
-from secagg.paillier.keys import PaillierPublicKey
+from fedsec.secagg.paillier.keys import PaillierPublicKey
 
 
 class DJNRandomness:

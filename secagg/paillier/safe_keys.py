@@ -15,9 +15,8 @@ import secrets
 import gmpy2
 import numpy as np
 import phe
-
-from secagg.errors import InvalidArgumentError
-from secagg.paillier.keys import SECURE_KEY_BITS, TEST_KEY_BITS, PaillierPrivateKey, PaillierPublicKey
+from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.paillier.keys import SECURE_KEY_BITS, TEST_KEY_BITS, PaillierPrivateKey, PaillierPublicKey
 
 _PRIMES = np.array([p for p in range(3, 1 << 16, 2) if gmpy2.is_prime(p)], dtype=np.int64)
 _INVERSE_TWO = (_PRIMES + 1) // 2

@@ -29,11 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gmpy2
-
-from secagg.errors import CryptoError, InvalidArgumentError
-from secagg.paillier.keys import PaillierPublicKey
-from secagg.paillier.threshold import KeyShare, share_exponent_bits
-from secagg.paillier.transcript import (
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError
+from fedsec.secagg.paillier.keys import PaillierPublicKey
+from fedsec.secagg.paillier.threshold import KeyShare, share_exponent_bits
+from fedsec.secagg.paillier.transcript import (
     CHALLENGE_BITS,
     STATISTICAL_BITS,
     challenge,

@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import gmpy2
-
-from secagg.errors import InvalidArgumentError, ReconstructionError
-from secagg.paillier.keys import PaillierPrivateKey, PaillierPublicKey
+from fedsec.secagg.errors import InvalidArgumentError, ReconstructionError
+from fedsec.secagg.paillier.keys import PaillierPrivateKey, PaillierPublicKey
 
 STATISTICAL_SECURITY = 128
 MAX_PARTIES = 1000

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from fedsec.dp import Accountant, InvalidPrivacyParameterError, epsilon, noise_multiplier_for
+from fedsec.dp.errors import UnsupportedEventError
+from fedsec.dp.ledger import GaussianEvent, PrivacyLedger, SkellamEvent
 
-from dp import Accountant, InvalidPrivacyParameterError, epsilon, noise_multiplier_for
-from dp.errors import UnsupportedEventError
-from dp.ledger import GaussianEvent, PrivacyLedger, SkellamEvent
 from fedsec.cli import main
 
 

@@ -10,11 +10,10 @@ model without the statistic is accepted and stays within C.
 
 import pytest
 import torch
+from fedsec.dp.errors import DPError
+from fedsec.dp.per_sample import PerExampleClipper, check_model
 from torch import nn
 from torch.nn import functional as F
-
-from dp.errors import DPError
-from dp.per_sample import PerExampleClipper, check_model
 
 C = 1.0
 

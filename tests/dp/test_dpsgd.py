@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from fedsec.dp import DPSGD, InvalidPrivacyParameterError, SecureRandom, UnsupportedModelError
+from fedsec.dp.per_sample import PerExampleClipper
+from fedsec.fl_core.models import SmallCNN, build_model, classification_loss
 from torch import nn
-
-from dp import DPSGD, InvalidPrivacyParameterError, SecureRandom, UnsupportedModelError
-from dp.per_sample import PerExampleClipper
-from fl_core.models import SmallCNN, build_model, classification_loss
 
 
 def _loss(outputs, targets):

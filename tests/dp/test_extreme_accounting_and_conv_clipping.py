@@ -12,11 +12,10 @@ import itertools
 import pytest
 import torch
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from fedsec.dp.accountants import epsilon
+from fedsec.dp.per_sample import PerExampleClipper
 from torch import nn
 from torch.nn import functional as F
-
-from dp.accountants import epsilon
-from dp.per_sample import PerExampleClipper
 
 
 def _tight(q, sigma, steps, delta):

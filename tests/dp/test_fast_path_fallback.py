@@ -8,11 +8,10 @@ path fail and the clipper uses an exact path instead, whose clipped sum equals t
 
 import pytest
 import torch
+from fedsec.dp.errors import DPError
+from fedsec.dp.per_sample import PerExampleClipper
 from torch import nn
 from torch.nn import functional as F
-
-from dp.errors import DPError
-from dp.per_sample import PerExampleClipper
 
 
 class UnusedHead(nn.Module):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from fedsec.dp import SecureRandom
 from scipy import stats
-
-from dp import SecureRandom
 
 
 def test_the_stream_is_aes_256_ctr_keyed_from_the_os():

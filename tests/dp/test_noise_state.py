@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fedsec.dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.noise import SecureRandom
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dp.errors import InvalidPrivacyParameterError
-from dp.noise import SecureRandom
 
 
 @settings(max_examples=20)

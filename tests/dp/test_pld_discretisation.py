@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from fedsec.dp.analysis import pld
+from fedsec.dp.ledger import GaussianEvent
 from scipy.optimize import brentq
 from scipy.stats import norm
-
-from dp.analysis import pld
-from dp.ledger import GaussianEvent
 
 REFERENCE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 

@@ -11,12 +11,11 @@ parameters change when it runs is refused (``UnsupportedModelError``).
 
 import pytest
 import torch
+from fedsec.dp.errors import DPError
+from fedsec.dp.per_sample import PerExampleClipper
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
-
-from dp.errors import DPError
-from dp.per_sample import PerExampleClipper
 
 BOUND = 0.2
 

@@ -13,17 +13,17 @@ import math
 
 import numpy as np
 import pytest
+from fedsec.dp import DPSGD, SecureRandom, noise_multiplier_for
+from fedsec.dp.errors import InvalidPrivacyParameterError
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER, TRUNCATION_RADIUS, truncation_delta
+from fedsec.fl_core.aggregation import PlainAggregation
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.history import RoundRecord
+from fedsec.protocols.privacy import ClientLevelDP, PrivacyBudget
 
 import fedsec
-from dp import DPSGD, SecureRandom, noise_multiplier_for
-from dp.errors import InvalidPrivacyParameterError
-from dp.noise import MIN_NOISE_MULTIPLIER, TRUNCATION_RADIUS, truncation_delta
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
-from fl_core.aggregation import PlainAggregation
-from fl_core.errors import InvalidParameterError
-from fl_core.history import RoundRecord
-from protocols.privacy import ClientLevelDP, PrivacyBudget
 
 R = math.sqrt(-2 * math.log(2.0 ** -53))
 assert R == TRUNCATION_RADIUS

@@ -7,10 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from fedsec.secagg.keys import SigningKey
 
 from fedsec.audit.log import AuditLog, fingerprint
 from fedsec.cli import main
-from secagg.keys import SigningKey
 
 
 def _log(path: Path, actor: str = "coordinator", rounds: int = 3) -> SigningKey:

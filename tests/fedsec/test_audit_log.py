@@ -8,12 +8,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from fedsec.secagg.keys import SigningKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsec.audit.log import AuditLog, Event, canonical, read_events, read_header
 from fedsec.audit.verify import LogBroken, check_ack, verify_log
-from secagg.keys import SigningKey
 
 FIELDS = ("time", "actor", "action", "run_id", "round", "stage", "details", "peer_ref", "key_fp",
           "prev_hash", "hash", "signature")

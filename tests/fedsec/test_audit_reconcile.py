@@ -7,13 +7,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from fedsec.secagg.keys import SigningKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsec.audit.log import AuditLog, read_events
 from fedsec.audit.reconcile import reconcile, reconcile_paths
 from fedsec.audit.verify import LogBroken
-from secagg.keys import SigningKey
 
 ROUNDS = 3
 

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core.boosting import FederatedBoosting
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 
-import fl_core
+from fedsec import fl_core
 from fedsec.cli import main
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.methods.boosting import boosting_spec, prepare_boosting
-from fl_core.boosting import FederatedBoosting
-from fl_core.standardize import apply_standardization, federated_moments
 
 BOOST = {"train.algorithm": "boosting", "dp.mode": "none"}
 

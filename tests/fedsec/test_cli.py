@@ -6,11 +6,11 @@ import sys
 
 import pytest
 import torch
+from fedsec.fl_core.history import HISTORY_COLUMNS
 
 from fedsec.cli import main
 from fedsec.config import load_config
 from fedsec.experiment import LOOP_FILES, RUN_FILES, build_experiment
-from fl_core.history import HISTORY_COLUMNS
 
 FAST = ["--set", "rounds=3", "--quiet"]
 PLAIN = ["--set", "secure.aggregation=none", "--set", "dp.mode=none"]

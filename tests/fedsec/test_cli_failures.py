@@ -7,14 +7,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fl_core
+from fedsec import fl_core
 from fedsec.cli import main
-from fl_core.aggregation import ClientUpdate
-from protocols.errors import ProtocolAbort
-from protocols.masked import MaskedAggregation
 
 FAST = ["--set", "rounds=2", "--quiet"]
 

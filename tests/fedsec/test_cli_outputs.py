@@ -10,18 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedsec.fl_core import server as fl_server
+from fedsec.fl_core.aggregation import AggregationProtocol, ClientUpdate
+from fedsec.fl_core.errors import AggregationError
+from fedsec.fl_core.history import RoundRecord
+from fedsec.protocols.masked import MaskedAggregation
 from PIL import Image
 
-import fl_core.server
 from fedsec.cli import main
 from fedsec.config import load_config, make_config
 from fedsec.diagnostics import HOPELESS_RATIO, noise_to_signal
 from fedsec.experiment import build_experiment
 from fedsec.plots import metric_figure, privacy_label
-from fl_core.aggregation import ClientUpdate
-from fl_core.errors import AggregationError
-from fl_core.history import RoundRecord
-from protocols.masked import MaskedAggregation
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 FAST = ["--set", "rounds=3", "--quiet"]
@@ -96,14 +96,14 @@ def test_privacy_label_names_the_settings():
 
 
 def test_run_plots_carry_title_target_and_aborted_rounds(tmp_path, monkeypatch):
-    real = fl_core.server.FederatedServer._round
+    real = fl_server.FederatedServer._round
 
     def second_round_aborts(self, round_index, vector, m):
         if round_index == 2:
             class Refuse(AggregationError):
                 pass
 
-            class Refusing(fl_core.AggregationProtocol):
+            class Refusing(AggregationProtocol):
                 """Round 2's stand-in: the real protocol's contract (client_metrics), but it refuses."""
 
                 client_metrics = self.protocol.client_metrics
@@ -119,7 +119,7 @@ def test_run_plots_carry_title_target_and_aborted_rounds(tmp_path, monkeypatch):
                 self.protocol = protocol
         return real(self, round_index, vector, m)
 
-    monkeypatch.setattr(fl_core.server.FederatedServer, "_round", second_round_aborts)
+    monkeypatch.setattr(fl_server.FederatedServer, "_round", second_round_aborts)
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *FAST]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -132,14 +132,14 @@ def test_run_plots_carry_title_target_and_aborted_rounds(tmp_path, monkeypatch):
 
 
 def test_interrupted_run_exits_130_and_keeps_what_it_did(tmp_path, monkeypatch, capsys):
-    real = fl_core.server.FederatedServer._round
+    real = fl_server.FederatedServer._round
 
     def interrupt_in_round_3(self, round_index, vector, m):
         if round_index == 3:
             raise KeyboardInterrupt
         return real(self, round_index, vector, m)
 
-    monkeypatch.setattr(fl_core.server.FederatedServer, "_round", interrupt_in_round_3)
+    monkeypatch.setattr(fl_server.FederatedServer, "_round", interrupt_in_round_3)
     out = tmp_path / "run"
     assert main(["run", "--out", str(out), *FAST]) == 130
     assert capsys.readouterr().err.strip() == "fedsec: interrupted"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment, run_experiment

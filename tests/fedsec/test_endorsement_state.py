@@ -13,12 +13,12 @@ import sqlite3
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.paillier import PaillierClient
+from fedsec.protocols.paillier.party import CONFLICT
+from fedsec.protocols.paillier.state import EndorsementConflict
 
 from fedsec.state import SqliteEndorsementStore
-from protocols.errors import ClientAbort
-from protocols.paillier import PaillierClient
-from protocols.paillier.party import CONFLICT
-from protocols.paillier.state import EndorsementConflict
 from tests.protocols.paillier_helpers import make_paillier_session
 
 N, T = 4, 2

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import make_config
 from fedsec.experiment import _check_budget, build_experiment
 

@@ -12,12 +12,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core.aggregation import AggregationProtocol
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment
-from fl_core.aggregation import AggregationProtocol
 
 EQUAL = {"dp.mode": "dpsgd", "secure.aggregation": "none", "dp.noise_multiplier": 1.0,
          "dp.target_epsilon": 0.0, "dp.weights": "equal", "dp.sample_rate": 0.05,

@@ -7,14 +7,14 @@ import copy
 import numpy as np
 import pytest
 import torch
+from fedsec.dp import epsilon
+from fedsec.fl_core.server_optimizers import ServerOptimizer
 from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
 import fedsec
-import fl_core
-from dp import epsilon
-from fl_core.server_optimizers import ServerOptimizer
+from fedsec import fl_core
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_server_optimizers_see_the_released_aggregate_and_nothing_else(hospitals
     clients, test = hospitals
     seen, released = [], []
     monkeypatch.setattr(fedsec.federation, "make_server_optimizer", lambda *a, **k: Spy(seen))
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     protocol = Recording(MaskedAggregation(max_weight=150, rng=np.random.default_rng(0)), released)
     fedsec.Federation(model=_mlp(), clients=clients, test=test, secure=protocol, rounds=3).run()

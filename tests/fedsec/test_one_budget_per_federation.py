@@ -7,10 +7,10 @@ naming ``run``; a Federation without DP may run again.
 
 import numpy as np
 import pytest
+from fedsec.dp.errors import BudgetExhaustedError
 from torch import nn
 
 import fedsec
-from dp.errors import BudgetExhaustedError
 
 
 def _clients():

@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from fedsec.fl_core.personalization import Ditto
 
 from fedsec.cli import main
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment
-from fl_core.personalization import Ditto
 
 NON_IID = {"data.partition": "dirichlet", "data.alpha": 0.3, "dp.mode": "none", "rounds": 5}
 

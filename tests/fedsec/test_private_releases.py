@@ -15,15 +15,15 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fl_core
+from fedsec import fl_core
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
 from fedsec.experiment import build_experiment, summarize
 from fedsec.privacy import build_privacy
-from fl_core.aggregation import AggregateResult, AggregationProtocol
 
 POST_PROCESSING = {"accuracy", "loss", "update_norm", "seconds"}
 """RoundRecord fields that are functions of the released model (or the wall clock: named)."""

@@ -8,9 +8,9 @@ without ``reproducible`` it is not named.
 """
 
 import numpy as np
+from fedsec.dp import SecureRandom
 
-import fl_core
-from dp import SecureRandom
+from fedsec import fl_core
 from fedsec.config import make_config
 from fedsec.experiment import build_experiment
 from fedsec.privacy import REPRODUCIBLE

@@ -89,9 +89,9 @@ def test_under_real_masking_a_searching_byzantine_client_moves_the_average_by_at
     """The honest masking protocol, unmodified, with the clients' L2 bound in front: one client
     (at random) sends a random lie of random size (1e-3 to 1e6); the released average moves from
     the honest one by at most 2 * bound * w_k / W (plus quantisation)."""
-    from fl_core import ClientUpdate
-    from fl_core.robust import NormBoundedAggregation
-    from protocols.masked import MaskedAggregation
+    from fedsec.fl_core import ClientUpdate
+    from fedsec.fl_core.robust import NormBoundedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     rng = np.random.default_rng(5)
     bound, d = 0.5, 20

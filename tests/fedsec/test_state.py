@@ -6,11 +6,11 @@ import sqlite3
 
 import numpy as np
 import pytest
+from fedsec.protocols.paillier import DecryptionRefused, PaillierKeyHolder
+from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.state import StaleSequence
 
 from fedsec.state import SqliteSequenceStore
-from protocols.paillier import DecryptionRefused, PaillierKeyHolder
-from protocols.paillier.keyholder import REFUSAL
-from protocols.paillier.state import StaleSequence
 from tests.protocols.paillier_helpers import make_paillier_session
 
 

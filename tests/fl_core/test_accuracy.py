@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import fl_core
+from fedsec import fl_core
 
 
 def _run(partition, seed, alpha=0.3):

@@ -1,10 +1,9 @@
 import numpy as np
 import pytest
+from fedsec.fl_core import ClientUpdate, InvalidParameterError, PlainAggregation, TooFewClientsError
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from fl_core import ClientUpdate, InvalidParameterError, PlainAggregation, TooFewClientsError
 
 
 @given(

@@ -12,16 +12,16 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
+from fedsec.fl_core.boosting import BoostingSpec, FederatedBoosting
+from fedsec.fl_core.boosting_learners import bspline_design, difference_penalty, lambda_for_df
+from fedsec.fl_core.errors import AggregationError, InvalidParameterError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.interpolate import BSpline
 from scipy.optimize import brentq
 
-import fl_core
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
-from fl_core.boosting import BoostingSpec, FederatedBoosting
-from fl_core.boosting_learners import bspline_design, difference_penalty, lambda_for_df
-from fl_core.errors import AggregationError, InvalidParameterError
+from fedsec import fl_core
 
 
 def reference_boosting(x: np.ndarray, y: np.ndarray, *, family: str, learners: str, nu: float,
@@ -81,7 +81,7 @@ def reference_boosting(x: np.ndarray, y: np.ndarray, *, family: str, learners: s
 
 
 def standardised(seed: int = 0, clients: int = 4) -> fl_core.FederatedDataset:
-    from fl_core.standardize import apply_standardization, federated_moments
+    from fedsec.fl_core.standardize import apply_standardization, federated_moments
 
     data = fl_core.load_federated("breast_cancer", n_clients=clients, partition="iid",
                                   test_fraction=0.2, rng=np.random.default_rng(seed))
@@ -146,7 +146,7 @@ def test_plain_federated_fit_equals_centralised(family: str, learners: str) -> N
 
 
 def test_masked_federated_fit_equals_centralised_up_to_quantisation() -> None:
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     data, features, mstop = standardised(), 6, 30
     clients = narrow(data, features)
@@ -164,7 +164,7 @@ def test_masked_federated_fit_equals_centralised_up_to_quantisation() -> None:
 
 
 def test_paillier_federated_fit_equals_centralised_up_to_quantisation() -> None:
-    from protocols.paillier import PaillierAggregation
+    from fedsec.protocols.paillier import PaillierAggregation
 
     data, features, mstop = standardised(clients=3), 2, 5
     clients = narrow(data, features)
@@ -258,7 +258,7 @@ def test_selected_features_are_informative() -> None:
 def test_sums_beyond_the_secure_range_stop_the_fit_instead_of_being_clipped() -> None:
     """A client whose sums exceed the statistics encoder's range (|value| < 2^24) ends the fit with
     an AggregationError: a clipped Gram matrix would give a wrong model silently."""
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     data = standardised()
     clients = narrow(data, 2)

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
+from fedsec.fl_core.boosting import BoostingSpec, FederatedBoosting
+from fedsec.fl_core.errors import AggregationError
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fl_core
-from fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate
-from fl_core.boosting import BoostingSpec, FederatedBoosting
-from fl_core.errors import AggregationError
-from fl_core.standardize import apply_standardization, federated_moments
+from fedsec import fl_core
 
 Lie = Callable[[np.ndarray], np.ndarray]
 
@@ -126,7 +126,7 @@ def test_a_server_sending_two_models_isolates_one_clients_statistics(clients) ->
     client 1 a different model f' in one iteration and the common model f in the next learns
     client 1's own B'(u(f') - u(f)) from the difference of two honest sums; with the gaussian
     family that is -B_1'B_1 (f' - f), client 1's own Gram in the direction the server chose."""
-    from fl_core.boosting import BoostingClient, BoostingModel
+    from fedsec.fl_core.boosting import BoostingClient, BoostingModel
 
     spec = BoostingSpec(family="gaussian", learners="spline", inner_knots=4, df=3.0)
     learners = spec.base_learners(2)

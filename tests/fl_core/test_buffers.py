@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from fl_core import (
+from fedsec.fl_core import (
     ArrayDataset,
     ClientUpdate,
     FedAvg,
@@ -18,7 +16,8 @@ from fl_core import (
     restore_buffers,
     set_vector,
 )
-from fl_core.errors import InvalidParameterError
+from fedsec.fl_core.errors import InvalidParameterError
+from torch import nn
 
 
 def _bn_model() -> nn.Module:

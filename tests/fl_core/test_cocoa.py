@@ -11,15 +11,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from fedsec.fl_core import AggregateResult, AggregationProtocol, ClientUpdate, PlainAggregation
+from fedsec.fl_core.cocoa import CoCoA, CoCoAClient, primal_objective
+from fedsec.fl_core.duality import HingeLoss, LogisticLoss, signed_labels, with_intercept
+from fedsec.fl_core.errors import AggregationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 from sklearn.svm import LinearSVC
-
-from fl_core import AggregateResult, AggregationProtocol, ClientUpdate, PlainAggregation
-from fl_core.cocoa import CoCoA, CoCoAClient, primal_objective
-from fl_core.duality import HingeLoss, LogisticLoss, signed_labels, with_intercept
-from fl_core.errors import AggregationError
 
 
 def blobs(n: int = 120, d: int = 4, k: int = 3, seed: int = 0):
@@ -154,7 +153,7 @@ def test_the_hinge_coordinate_step_maximises_its_one_dimensional_problem(alpha, 
 
 
 def test_cocoa_through_pairwise_masking_tracks_the_plain_run_to_quantisation():
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     _, _, parts = blobs(n=80, d=3, k=4)
     runs = []
@@ -171,7 +170,7 @@ def test_cocoa_through_pairwise_masking_tracks_the_plain_run_to_quantisation():
 
 
 def test_cocoa_through_paillier_equals_the_plain_run_to_quantisation():
-    from protocols.paillier import PaillierAggregation
+    from fedsec.protocols.paillier import PaillierAggregation
 
     _, _, parts = blobs(n=60, d=2, k=3)
     plain = CoCoA(loss="hinge", lam=0.1, local_steps=10).fit(
@@ -184,7 +183,7 @@ def test_cocoa_through_paillier_equals_the_plain_run_to_quantisation():
 
 
 def test_a_layer_that_would_clip_a_cocoa_message_is_refused():
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     _, _, parts = blobs(n=60, d=3, k=3)
     tight = MaskedAggregation(max_weight=20, rng=np.random.default_rng(0), clip=1e-3, bits=16)
@@ -227,7 +226,7 @@ def test_a_gap_from_part_of_the_federation_is_not_reported():
 
 
 def test_clients_dropped_by_the_masking_layer_keep_their_old_block():
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     _, _, parts = blobs(n=160, d=3, k=8)
     clients = clients_of(parts)
@@ -242,7 +241,7 @@ def test_clients_dropped_by_the_masking_layer_keep_their_old_block():
 
 
 def test_federated_cocoa_reaches_the_centralised_sdca_solution():
-    from fl_core.cocoa import local_sdca
+    from fedsec.fl_core.cocoa import local_sdca
 
     x, y, parts = blobs(n=90, d=3)
     xi, s = with_intercept(x), signed_labels(y)

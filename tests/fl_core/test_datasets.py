@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
-
-from fl_core import InvalidParameterError, load_federated
-from fl_core.synthetic import SENSOR_CLIENT, SENSOR_FEATURE, random_correlation
+from fedsec.fl_core import InvalidParameterError, load_federated
+from fedsec.fl_core.synthetic import SENSOR_CLIENT, SENSOR_FEATURE, random_correlation
 
 
 def test_breast_cancer_split_is_disjoint_and_stratified():

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core.models import classification_loss
 
-import fl_core
-from fl_core.models import classification_loss
+from fedsec import fl_core
 
 LR = 0.3
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core import ArrayDataset, FedAvg, FedProx, SGDTrainer, TorchTrainer, get_vector, set_vector
+from fedsec.fl_core.errors import InvalidParameterError
 from torch import nn
-
-from fl_core import ArrayDataset, FedAvg, FedProx, SGDTrainer, TorchTrainer, get_vector, set_vector
-from fl_core.errors import InvalidParameterError
 
 
 def _data(n: int = 64, seed: int = 0) -> ArrayDataset:

@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core import ArrayDataset, Evaluator
+from fedsec.fl_core.errors import InvalidParameterError
 from sklearn.metrics import roc_auc_score
 from torch import nn
-
-from fl_core import ArrayDataset, Evaluator
-from fl_core.errors import InvalidParameterError
 
 
 class Fixed(nn.Module):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fedsec.fl_core.duality import signed_labels, with_intercept
+from fedsec.fl_core.mocha import Mocha, MochaClient, safe_sigma_prime, task_covariance
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.linalg import sqrtm
 from scipy.optimize import minimize
-
-from fl_core.duality import signed_labels, with_intercept
-from fl_core.mocha import Mocha, MochaClient, safe_sigma_prime, task_covariance
 
 
 def tasks(m: int = 3, n: int = 40, d: int = 3, seed: int = 0):

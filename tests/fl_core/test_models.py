@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
 import torch
-
-from fl_core import InvalidParameterError, build_model, get_vector
-from fl_core.models import classification_loss, evaluate, predict
+from fedsec.fl_core import InvalidParameterError, build_model, get_vector
+from fedsec.fl_core.models import classification_loss, evaluate, predict
 
 
 @pytest.mark.parametrize(

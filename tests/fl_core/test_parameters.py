@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 import torch
-
-from fl_core import (
+from fedsec.fl_core import (
     NonFiniteError,
     ParameterLayout,
     ShapeMismatchError,

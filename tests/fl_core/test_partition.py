@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
+from fedsec.fl_core import PARTITION_SCHEMES, InvalidParameterError, partition_indices
 from hypothesis import given
 from hypothesis import strategies as st
-
-from fl_core import PARTITION_SCHEMES, InvalidParameterError, partition_indices
 
 
 @st.composite

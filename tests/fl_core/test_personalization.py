@@ -4,12 +4,11 @@ import math
 
 import numpy as np
 import pytest
-
-from fl_core import FedAvg, FederatedServer, PlainAggregation, SGDTrainer, build_model, load_federated
-from fl_core.data import ArrayDataset
-from fl_core.errors import InvalidParameterError
-from fl_core.parameters import get_vector, set_vector
-from fl_core.personalization import (
+from fedsec.fl_core import FedAvg, FederatedServer, PlainAggregation, SGDTrainer, build_model, load_federated
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.parameters import get_vector, set_vector
+from fedsec.fl_core.personalization import (
     Ditto,
     PerFedAvg,
     adapt,

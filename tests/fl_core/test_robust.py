@@ -2,21 +2,20 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
-from scipy import stats
-
-from fl_core import ClientUpdate, PlainAggregation, TooFewClientsError
-from fl_core.byzantine import ByzantineClients, corrupt
-from fl_core.errors import InvalidParameterError
-from fl_core.robust import (
+from fedsec.fl_core import ClientUpdate, PlainAggregation, TooFewClientsError
+from fedsec.fl_core.byzantine import ByzantineClients, corrupt
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.robust import (
     NormBoundedAggregation,
     RobustAggregation,
     coordinate_median,
     trimmed_count,
     trimmed_mean,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy import stats
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
 

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from fedsec.fl_core import AggregationError, RoundObserver, clients_per_round
+from fedsec.fl_core.history import HISTORY_COLUMNS
 
-import fl_core
-from fl_core import AggregationError, RoundObserver, clients_per_round
-from fl_core.history import HISTORY_COLUMNS
+from fedsec import fl_core
 
 
 def _server(rounds=5, fraction=1.0, protocol=None, lr=0.1, observers=(), seed=0, **kw):

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
-
-from fl_core import FedAvg, SGDTrainer
-from fl_core.errors import InvalidParameterError
-from fl_core.server_optimizers import (
+from fedsec.fl_core import FedAvg, SGDTrainer
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.fl_core.server_optimizers import (
     ServerAdam,
     ServerMomentum,
     ServerSGD,
     ServerYogi,
     make_server_optimizer,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 vectors = arrays(np.float32, 7, elements=st.floats(-10, 10, width=32))
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from fedsec.fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord
 
-import fl_core
-from fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord
+from fedsec import fl_core
 
 
 def _server(rounds: int, observers: list[RoundObserver]) -> fl_core.FederatedServer:

@@ -1,7 +1,7 @@
 import numpy as np
+from fedsec.fl_core.standardize import apply_standardization, federated_moments
 
-import fl_core
-from fl_core.standardize import apply_standardization, federated_moments
+from fedsec import fl_core
 
 
 def test_federated_moments_equal_the_pooled_statistics():

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from fedsec.fl_core.centralized import logistic_mle
+from fedsec.fl_core.standardize import linear_in_raw_units
 
-import fl_core
-from fl_core.centralized import logistic_mle
-from fl_core.standardize import linear_in_raw_units
+from fedsec import fl_core
 
 
 def test_logistic_mle_zeroes_the_score():

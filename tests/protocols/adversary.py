@@ -21,17 +21,16 @@ import copy
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from protocols.errors import ClientAbort
-from protocols.masked import messages as m
-from protocols.masked.graph import RingGraph
-from protocols.masked.keys import consistency_message, mask_key, self_mask_key
-from protocols.masked.policy import minimum_threshold
-from protocols.masked.simulation import build_round
-from secagg import shamir
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import KeyPair, SigningKey
-from secagg.prg import MaskExpander
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.graph import RingGraph
+from fedsec.protocols.masked.keys import consistency_message, mask_key, self_mask_key
+from fedsec.protocols.masked.policy import minimum_threshold
+from fedsec.protocols.masked.simulation import build_round
+from fedsec.secagg import shamir
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import KeyPair, SigningKey
+from fedsec.secagg.prg import MaskExpander
 
 LENGTH = 4
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters
-from protocols.masked.simulation import build_round
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
+from fedsec.protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters
+from fedsec.protocols.masked.simulation import build_round
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
 
 
 @dataclass

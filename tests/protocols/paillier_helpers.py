@@ -5,18 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from protocols.paillier import (
+from fedsec.protocols.paillier import (
     PaillierClient,
     PaillierKeyHolder,
     PaillierServer,
     RoundSpec,
     ThresholdDealer,
 )
-from protocols.paillier.coordinator import ThresholdCoordinator
-from protocols.paillier.trust import read_verification_keys
-from secagg.keys import SigningKey
-from secagg.paillier import slot_bits_for
+from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
+from fedsec.protocols.paillier.trust import read_verification_keys
+from fedsec.secagg.keys import SigningKey
+from fedsec.secagg.paillier import slot_bits_for
 
 WORD_BOUND = 2**16 - 1
 

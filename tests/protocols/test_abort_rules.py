@@ -3,11 +3,11 @@
 import dataclasses
 
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.secagg.keys import KeyPair
 
-from protocols.errors import ClientAbort
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from secagg.keys import KeyPair
 from tests.protocols.helpers import make_session
 
 

@@ -12,7 +12,7 @@ import pytest
 from torch import nn
 
 import fedsec
-import fl_core
+from fedsec import fl_core
 
 
 class SeenBy(fl_core.PlainAggregation):
@@ -62,7 +62,7 @@ def test_updates_the_server_saw_are_charged_even_when_the_round_aborts():
 def test_an_aborted_masked_round_releases_nothing_and_costs_nothing():
     """Under masking the round aborts (the clients refuse a threshold outside their bounds) and
     the server holds nothing but masked words: no charge."""
-    from protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked import MaskedAggregation
 
     clients = _clients(4)
     protocol = MaskedAggregation(max_weight=40, rng=np.random.default_rng(1), threshold=5,

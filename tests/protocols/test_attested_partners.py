@@ -10,15 +10,15 @@ clients the server names as survivors, or ``ProtocolAbort``; never a wrong sum.
 
 import numpy as np
 import pytest
+from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ClientAbort, ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked import aggregation as layer_module
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.keys import attestation_message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_core.aggregation import ClientUpdate
-from protocols.errors import ClientAbort, ProtocolAbort
-from protocols.masked import MaskedAggregation
-from protocols.masked import aggregation as layer_module
-from protocols.masked import messages as m
-from protocols.masked.keys import attestation_message
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered
 from tests.protocols.test_masked_keys_and_shares import Rewriting

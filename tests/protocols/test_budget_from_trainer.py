@@ -13,14 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fedsec.dp import DPSGD, SecureRandom, epsilon
+from fedsec.fl_core import ArrayDataset, RoundRecord
+from fedsec.protocols.privacy import DPSGDTrainer, PrivacyBudget
+from fedsec.protocols.privacy.budget import AccountingMismatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-from dp import DPSGD, SecureRandom, epsilon
-from fl_core import ArrayDataset, RoundRecord
-from protocols.privacy import DPSGDTrainer, PrivacyBudget
-from protocols.privacy.budget import AccountingMismatch
 
 
 def _trainer(batch_size: int, epochs: int = 1, sigma: float = 1.1) -> DPSGDTrainer:

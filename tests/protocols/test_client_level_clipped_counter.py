@@ -9,15 +9,14 @@ the clip was computed in float32).
 
 import numpy as np
 import pytest
+from fedsec.dp import SecureRandom
+from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.privacy import ClientLevelDP
+from fedsec.protocols.privacy.client_level import _clip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-from dp import SecureRandom
-from fl_core.aggregation import ClientUpdate
-from protocols.masked import MaskedAggregation
-from protocols.privacy import ClientLevelDP
-from protocols.privacy.client_level import _clip
 
 S = 10.0
 
@@ -26,7 +25,7 @@ def _round(first: np.ndarray, layer_name: str = "masking") -> float:
     if layer_name == "masking":
         inner = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), clip=S, active=False)
     else:
-        from protocols.paillier import PaillierAggregation
+        from fedsec.protocols.paillier import PaillierAggregation
 
         inner = PaillierAggregation(max_weight=1, rng=np.random.default_rng(0), clip=S,
                                     threshold=2, key_bits=512, allow_insecure_key=True)

@@ -12,13 +12,12 @@ construction (docs/privacy.md says so).
 
 import numpy as np
 import pytest
-
-from dp import SecureRandom
-from fl_core.aggregation import ClientUpdate
-from protocols.errors import ProtocolAbort
-from protocols.masked import MaskedAggregation
-from protocols.masked.policy import corrupt_count, minimum_threshold
-from protocols.privacy import ClientLevelDP
+from fedsec.dp import SecureRandom
+from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked.policy import corrupt_count, minimum_threshold
+from fedsec.protocols.privacy import ClientLevelDP
 
 
 @pytest.mark.parametrize("active", [True, False])

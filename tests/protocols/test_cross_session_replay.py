@@ -11,14 +11,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from protocols.errors import ClientAbort
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.masked.graph import RingGraph
-from protocols.masked.simulation import build_round
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.graph import RingGraph
+from fedsec.protocols.masked.simulation import build_round
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
 
 IDS = list(range(1, 8))
 IDENTITIES = {c: SigningKey.generate() for c in IDS}

@@ -12,16 +12,16 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fedsec.dp import SecureRandom
+from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked import aggregation as layer_module
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.client import ClientPolicy
+from fedsec.protocols.privacy import ClientLevelDP
 
-from dp import SecureRandom
-from fl_core.aggregation import ClientUpdate
-from protocols.errors import ClientAbort
-from protocols.masked import MaskedAggregation
-from protocols.masked import aggregation as layer_module
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.masked.client import ClientPolicy
-from protocols.privacy import ClientLevelDP
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered
 

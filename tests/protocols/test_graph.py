@@ -1,9 +1,8 @@
 import pytest
+from fedsec.protocols.masked.graph import RingGraph, choose_parameters, shuffled_ring, threshold_for
+from fedsec.secagg.errors import InvalidArgumentError
 from hypothesis import given
 from hypothesis import strategies as st
-
-from protocols.masked.graph import RingGraph, choose_parameters, shuffled_ring, threshold_for
-from secagg.errors import InvalidArgumentError
 
 
 @given(n=st.integers(3, 60), data=st.data())

@@ -15,17 +15,17 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import RingGraph, shuffled_ring
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.client import ClientPolicy, MaskedClient
+from fedsec.protocols.masked.keys import consistency_message, key_message
+from fedsec.protocols.masked.policy import minimum_threshold
+from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.keys import KeyPair, SigningKey, context_bytes, verify
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.errors import ClientAbort
-from protocols.masked import RingGraph, shuffled_ring
-from protocols.masked import messages as m
-from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.keys import consistency_message, key_message
-from protocols.masked.policy import minimum_threshold
-from secagg.errors import InvalidArgumentError
-from secagg.keys import KeyPair, SigningKey, context_bytes, verify
 from tests.protocols.helpers import make_session
 
 N = 10**6

@@ -4,17 +4,17 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.keys import mask_key, self_mask_key, share_box_context, share_box_key
+from fedsec.protocols.masked.policy import corrupt_count, minimum_threshold, survivor_quorum
+from fedsec.secagg import shamir
+from fedsec.secagg.keys import KeyPair, open_sealed, seal
+from fedsec.secagg.prg import MaskExpander
 
 from fedsec.config import SecureConfig
-from protocols.errors import ClientAbort
-from protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.masked.keys import mask_key, self_mask_key, share_box_context, share_box_key
-from protocols.masked.policy import corrupt_count, minimum_threshold, survivor_quorum
-from secagg import shamir
-from secagg.keys import KeyPair, open_sealed, seal
-from secagg.prg import MaskExpander
 from tests.protocols.adversary import Strategy, finish, make_world, prepare
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
 
-import fl_core
-from protocols.errors import ProtocolAbort
-from protocols.masked import MaskedAggregation
+from fedsec import fl_core
 
 
 def _updates(n=6, length=40, seed=0):

@@ -22,18 +22,18 @@ import types
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort, ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation, run_round
+from fedsec.protocols.masked import aggregation as seam
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.keys import commitment_digest, key_message, share_box_context, share_hash
+from fedsec.secagg import keys as crypto
+from fedsec.secagg import shamir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fl_core
-from protocols.errors import ClientAbort, ProtocolAbort
-from protocols.masked import MaskedAggregation, run_round
-from protocols.masked import aggregation as seam
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.masked.keys import commitment_digest, key_message, share_box_context, share_hash
-from secagg import keys as crypto
-from secagg import shamir
+from fedsec import fl_core
 from tests.protocols.helpers import make_session
 from tests.secagg.test_public_keys import SMALL_ORDER_ENCODINGS
 

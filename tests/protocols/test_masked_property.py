@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import run_round
+from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.protocols.masked.simulation import DROP_STAGES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.errors import ProtocolAbort
-from protocols.masked import run_round
-from protocols.masked.policy import minimum_threshold, survivor_quorum
-from protocols.masked.simulation import DROP_STAGES
 from tests.protocols.helpers import make_session
 
 

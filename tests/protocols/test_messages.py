@@ -1,11 +1,10 @@
 import dataclasses
 
 import pytest
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.masked import messages as m
 from hypothesis import given
 from hypothesis import strategies as st
-
-from protocols.errors import MalformedMessage
-from protocols.masked import messages as m
 
 HEADER = m.Header(0, b"s" * 16, 3, 17, m.SERVER)
 KEY = m.KeyEntry(5, b"a" * 32, b"b" * 32, b"h" * 32, b"")

@@ -17,9 +17,9 @@ import random
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort, ProtocolAbort
+from fedsec.protocols.masked import messages as m
 
-from protocols.errors import ClientAbort, ProtocolAbort
-from protocols.masked import messages as m
 from tests.protocols.helpers import make_session
 
 BOUNDARY_INTS = [0, 1, 2, 3, 2**16 - 1, 2**16, 2**20, 2**32 - 1, 2**63, 2**64 - 1]

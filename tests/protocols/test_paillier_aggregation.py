@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from fl_core.aggregation import ClientUpdate, PlainAggregation
-from fl_core.errors import InvalidParameterError
-from protocols.errors import ProtocolAbort
-from protocols.paillier import PaillierAggregation, default_threshold
+from fedsec.fl_core.aggregation import ClientUpdate, PlainAggregation
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.paillier import PaillierAggregation, default_threshold
 
 
 def _updates(n=5, length=300, seed=0):

@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.paillier import PaillierKeyHolder, RoundSpec
+from fedsec.protocols.paillier.client import MAX_SEQUENCE_GAP, REPLAY, SEQUENCE_JUMP
+from fedsec.secagg.paillier import slot_bits_for
 
-from protocols.errors import ClientAbort
-from protocols.paillier import PaillierKeyHolder, RoundSpec
-from protocols.paillier.client import MAX_SEQUENCE_GAP, REPLAY, SEQUENCE_JUMP
-from secagg.paillier import slot_bits_for
 from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
 
 

@@ -14,9 +14,9 @@ import random
 import struct
 
 import numpy as np
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, encode
 
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
-from protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, encode
 from tests.protocols.paillier_helpers import make_paillier_session
 
 TYPED = (MalformedMessage, ClientAbort, ProtocolAbort)

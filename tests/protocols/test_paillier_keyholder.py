@@ -8,12 +8,11 @@ from dataclasses import replace
 import gmpy2
 import numpy as np
 import pytest
-
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
-from protocols.paillier import DecryptionRefused, RoundSpec
-from protocols.paillier import client as client_rules
-from protocols.paillier.keyholder import REFUSAL
-from protocols.paillier.messages import (
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier import DecryptionRefused, RoundSpec
+from fedsec.protocols.paillier import client as client_rules
+from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.messages import (
     REQUEST_DOMAIN,
     SUBMIT_DOMAIN,
     DecryptionRequest,
@@ -22,8 +21,9 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt, generate_keypair
-from secagg.paillier.packing import MAC_PRIME
+from fedsec.secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt, generate_keypair
+from fedsec.secagg.paillier.packing import MAC_PRIME
+
 from tests.protocols.paillier_helpers import make_paillier_session
 
 

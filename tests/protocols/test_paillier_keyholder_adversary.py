@@ -10,14 +10,11 @@ from dataclasses import replace
 import gmpy2
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-
-from protocols.errors import ClientAbort
-from protocols.paillier import PaillierClient, PaillierKeyHolder
-from protocols.paillier import client as client_rules
-from protocols.paillier.keyholder import REFUSAL
-from protocols.paillier.messages import (
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.paillier import PaillierClient, PaillierKeyHolder
+from fedsec.protocols.paillier import client as client_rules
+from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.messages import (
     REQUEST_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
@@ -26,10 +23,13 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.spec import client_tags
-from protocols.paillier.state import MemorySequenceStore, StaleSequence
-from secagg.keys import SigningKey
-from secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt
+from fedsec.protocols.paillier.spec import client_tags
+from fedsec.protocols.paillier.state import MemorySequenceStore, StaleSequence
+from fedsec.secagg.keys import SigningKey
+from fedsec.secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
 from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
 
 
@@ -238,8 +238,8 @@ def test_memory_store_accepts_only_the_next_number():
 
 
 def test_new_messages_round_trip_and_refuse_truncation():
-    from protocols.errors import MalformedMessage
-    from protocols.paillier.messages import Announcement, Refusal
+    from fedsec.protocols.errors import MalformedMessage
+    from fedsec.protocols.paillier.messages import Announcement, Refusal
 
     messages = [Welcome(3, bytes(range(16)), 2**64 - 1, b"sealed"), Refusal(),
                 Announcement(1, b"pk", bytes(32), 2, bytes(64), 7),

@@ -19,9 +19,8 @@ import random
 from dataclasses import replace
 
 import numpy as np
-
-from protocols.paillier.keyholder import REFUSAL
-from protocols.paillier.messages import (
+from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.messages import (
     REQUEST_DOMAIN,
     DecryptionRequest,
     DecryptionResult,
@@ -29,9 +28,10 @@ from protocols.paillier.messages import (
     decode,
     encode,
 )
-from protocols.paillier.spec import client_tags, round_coefficients
-from secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt
-from secagg.paillier.packing import MAC_PRIME
+from fedsec.protocols.paillier.spec import client_tags, round_coefficients
+from fedsec.secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt
+from fedsec.secagg.paillier.packing import MAC_PRIME
+
 from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
 
 HONEST, COLLUDER, T = (0, 1, 2, 3), 4, 3

@@ -9,11 +9,11 @@ junk requests. Unmodified `PaillierClient` and `PaillierKeyHolder`.
 from __future__ import annotations
 
 import pytest
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.paillier import PaillierKeyHolder
+from fedsec.protocols.paillier.keyholder import REFUSAL, REFUSAL_RECORD
+from fedsec.protocols.paillier.messages import Registration, decode, encode
 
-from protocols.errors import MalformedMessage
-from protocols.paillier import PaillierKeyHolder
-from protocols.paillier.keyholder import REFUSAL, REFUSAL_RECORD
-from protocols.paillier.messages import Registration, decode, encode
 from tests.protocols.paillier_helpers import make_paillier_session
 
 

@@ -9,10 +9,10 @@ aborted, never a crash (review r11 found a `MalformedMessage`, a ValueError, her
 from __future__ import annotations
 
 import pytest
+from fedsec.fl_core.errors import AggregationError
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.paillier import DecryptionRefused
 
-from fl_core.errors import AggregationError
-from protocols.errors import ProtocolAbort
-from protocols.paillier import DecryptionRefused
 from tests.protocols.paillier_helpers import make_paillier_session
 
 

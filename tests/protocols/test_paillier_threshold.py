@@ -7,17 +7,17 @@ import hashlib
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier import RoundSpec, ThresholdDealer
+from fedsec.protocols.paillier import client as client_rules
+from fedsec.protocols.paillier import party as party_rules
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.binding import quorum
+from fedsec.protocols.paillier.coordinator import BAD_PROOF
+from fedsec.protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode, encode
+from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.paillier import decode_batch, encode_batch
 
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
-from protocols.paillier import RoundSpec, ThresholdDealer
-from protocols.paillier import client as client_rules
-from protocols.paillier import party as party_rules
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.binding import quorum
-from protocols.paillier.coordinator import BAD_PROOF
-from protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode, encode
-from secagg.errors import InvalidArgumentError
-from secagg.paillier import decode_batch, encode_batch
 from tests.protocols.paillier_helpers import make_paillier_session
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.paillier.binding import submission_context
+from fedsec.protocols.paillier.coordinator import CARRY
+from fedsec.protocols.paillier.messages import SUBMIT_DOMAIN, Submission, encode
+from fedsec.secagg.paillier import encode_batch, slot_bits_for
+from fedsec.secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
 
-from protocols.errors import ProtocolAbort
-from protocols.paillier.binding import submission_context
-from protocols.paillier.coordinator import CARRY
-from protocols.paillier.messages import SUBMIT_DOMAIN, Submission, encode
-from secagg.paillier import encode_batch, slot_bits_for
-from secagg.paillier.knowledge import encrypt_with_witness, prove_knowledge
 from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
 
 

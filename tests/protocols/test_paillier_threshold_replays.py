@@ -16,12 +16,12 @@ import random
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.client import OTHER_KEYS
+from fedsec.protocols.paillier.party import CONFLICT, DecryptionParty
+from fedsec.protocols.paillier.state import MemoryEndorsementStore
 
-from protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.client import OTHER_KEYS
-from protocols.paillier.party import CONFLICT, DecryptionParty
-from protocols.paillier.state import MemoryEndorsementStore
 from tests.protocols.paillier_helpers import make_paillier_session
 
 N, T = 4, 2

@@ -10,12 +10,12 @@ import hashlib
 import itertools
 
 import numpy as np
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.paillier import threshold_messages as tm
+from fedsec.protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode, encode
+from fedsec.secagg.paillier import add_into, decode_batch, encode_batch
+from fedsec.secagg.paillier.threshold import combine, decryption_shares
 
-from protocols.errors import ClientAbort
-from protocols.paillier import threshold_messages as tm
-from protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode, encode
-from secagg.paillier import add_into, decode_batch, encode_batch
-from secagg.paillier.threshold import combine, decryption_shares
 from tests.protocols.paillier_helpers import make_paillier_session
 
 CORRUPT = 3

@@ -13,19 +13,19 @@ import random
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort, ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.client import ClientPolicy, MaskedClient
+from fedsec.protocols.masked.graph import RingGraph
+from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.protocols.masked.server import MaskedServer
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.keys import SigningKey
 
 from fedsec.config import make_config
 from fedsec.errors import ConfigError
-from protocols.errors import ClientAbort, ProtocolAbort
-from protocols.masked import MaskedAggregation
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.masked.client import ClientPolicy, MaskedClient
-from protocols.masked.graph import RingGraph
-from protocols.masked.policy import minimum_threshold, survivor_quorum
-from protocols.masked.server import MaskedServer
-from secagg.encoding import FixedPointEncoder
-from secagg.keys import SigningKey
 from tests.protocols.adversary import LENGTH, Strategy, World, attack, confirmed
 
 POPULATION = list(range(100, 120))

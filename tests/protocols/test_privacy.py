@@ -6,18 +6,17 @@ import math
 
 import numpy as np
 import pytest
+from fedsec.dp import SecureRandom
+from fedsec.dp.ledger import GaussianEvent, SkellamEvent
+from fedsec.fl_core.aggregation import ClientUpdate, PlainAggregation
+from fedsec.fl_core.history import RoundRecord
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.paillier import PaillierAggregation
+from fedsec.protocols.privacy import ClientLevelDP, PrivacyBudget
+from fedsec.protocols.privacy.client_level import SkellamShares, sensitivity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from dp import SecureRandom
-from dp.ledger import GaussianEvent, SkellamEvent
-from fl_core.aggregation import ClientUpdate, PlainAggregation
-from fl_core.history import RoundRecord
-from protocols.errors import ProtocolAbort
-from protocols.masked import MaskedAggregation
-from protocols.paillier import PaillierAggregation
-from protocols.privacy import ClientLevelDP, PrivacyBudget
-from protocols.privacy.client_level import SkellamShares, sensitivity
 
 
 def test_the_sum_of_t_skellam_shares_has_the_target_variance():

@@ -16,18 +16,18 @@ import math
 
 import numpy as np
 import pytest
+from fedsec.fl_core.errors import InvalidParameterError
+from fedsec.protocols import encoding as seam
+from fedsec.protocols.errors import ClientAbort, ProtocolAbort
+from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked import client as rules
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.paillier import PaillierAggregation
+from fedsec.secagg.encoding import clip_range
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fl_core
-from fl_core.errors import InvalidParameterError
-from protocols import encoding as seam
-from protocols.errors import ClientAbort, ProtocolAbort
-from protocols.masked import MaskedAggregation
-from protocols.masked import client as rules
-from protocols.masked import messages as m
-from protocols.paillier import PaillierAggregation
-from secagg.encoding import clip_range
+from fedsec import fl_core
 from tests.protocols.helpers import make_session
 
 LENGTH = 12

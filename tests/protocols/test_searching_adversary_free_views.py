@@ -19,11 +19,11 @@ the victim's real encoded input. Authenticated mode: nothing is ever read.
 import random
 
 import pytest
+from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.keys import consistency_message
+from fedsec.secagg import shamir
 
-from protocols.errors import ClientAbort
-from protocols.masked import messages as m
-from protocols.masked.keys import consistency_message
-from secagg import shamir
 from tests.protocols.adversary import (
     Outcome,
     Prepared,

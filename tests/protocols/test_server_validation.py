@@ -4,10 +4,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked import messages as m
+from fedsec.secagg import shamir
 
-from protocols.errors import ProtocolAbort
-from protocols.masked import messages as m
-from secagg import shamir
 from tests.protocols.helpers import make_session
 from tests.protocols.test_abort_rules import advance, tampered
 

@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from secagg.encoding import FixedPointEncoder
-from secagg.errors import EncodingError, InvalidArgumentError, WrapRiskError
 
 finite = st.floats(-10, 10, allow_nan=False, width=32)
 

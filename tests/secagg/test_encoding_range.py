@@ -6,11 +6,10 @@ import sys
 
 import numpy as np
 import pytest
+from fedsec.secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder, clip_range
+from fedsec.secagg.errors import EncodingError, InvalidArgumentError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from secagg.encoding import MAX_MODULUS_BITS, FixedPointEncoder, clip_range
-from secagg.errors import EncodingError, InvalidArgumentError
 
 
 def test_range_formula():

@@ -6,11 +6,8 @@ import itertools
 
 import gmpy2
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from secagg.errors import InvalidArgumentError, InvalidCiphertextError, ReconstructionError
-from secagg.paillier import (
+from fedsec.secagg.errors import InvalidArgumentError, InvalidCiphertextError, ReconstructionError
+from fedsec.secagg.paillier import (
     DJNRandomness,
     PaillierPublicKey,
     add_into,
@@ -20,7 +17,9 @@ from secagg.paillier import (
     encrypt,
     generate_keypair,
 )
-from secagg.paillier.threshold import combine, deal_shares, decryption_shares
+from fedsec.secagg.paillier.threshold import combine, deal_shares, decryption_shares
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")

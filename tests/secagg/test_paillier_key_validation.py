@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import gmpy2
 import pytest
-
-from secagg.errors import InvalidArgumentError
-from secagg.paillier import PaillierPublicKey, generate_keypair
-from secagg.paillier.keys import FERMAT_STEPS, TRIAL_DIVISION_BOUND, cheaply_factorable
+from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.paillier import PaillierPublicKey, generate_keypair
+from fedsec.secagg.paillier.keys import FERMAT_STEPS, TRIAL_DIVISION_BOUND, cheaply_factorable
 
 
 def _prime_with_bits(bits: int) -> gmpy2.mpz:

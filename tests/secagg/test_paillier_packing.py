@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fedsec.secagg.encoding import FixedPointEncoder
+from fedsec.secagg.errors import EncodingError, WrapRiskError
+from fedsec.secagg.paillier import SlotLayout, slot_bits_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from secagg.encoding import FixedPointEncoder
-from secagg.errors import EncodingError, WrapRiskError
-from secagg.paillier import SlotLayout, slot_bits_for
 
 PLAINTEXT_BITS = 2047
 

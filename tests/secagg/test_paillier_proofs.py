@@ -8,16 +8,20 @@ import secrets
 
 import gmpy2
 import pytest
+from fedsec.secagg.errors import CryptoError
+from fedsec.secagg.paillier import DJNRandomness, encrypt
+from fedsec.secagg.paillier.knowledge import (
+    encrypt_with_witness,
+    proof_bytes,
+    prove_knowledge,
+    verify_knowledge,
+)
+from fedsec.secagg.paillier.safe_keys import generate_safe_keypair, safe_prime
+from fedsec.secagg.paillier.share_proofs import make_verification_keys, prove_decryption, verify_decryption
+from fedsec.secagg.paillier.threshold import combine, deal_shares, decryption_shares
+from fedsec.secagg.paillier.transcript import multi_exp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from secagg.errors import CryptoError
-from secagg.paillier import DJNRandomness, encrypt
-from secagg.paillier.knowledge import encrypt_with_witness, proof_bytes, prove_knowledge, verify_knowledge
-from secagg.paillier.safe_keys import generate_safe_keypair, safe_prime
-from secagg.paillier.share_proofs import make_verification_keys, prove_decryption, verify_decryption
-from secagg.paillier.threshold import combine, deal_shares, decryption_shares
-from secagg.paillier.transcript import multi_exp
 
 FEW = settings(max_examples=8, deadline=None)
 

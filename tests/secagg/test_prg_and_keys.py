@@ -2,10 +2,9 @@ import os
 
 import numpy as np
 import pytest
-
-from secagg import keys
-from secagg.errors import CryptoError
-from secagg.prg import MaskExpander
+from fedsec.secagg import keys
+from fedsec.secagg.errors import CryptoError
+from fedsec.secagg.prg import MaskExpander
 
 
 @pytest.mark.parametrize("bits", [1, 5, 17, 32, 33, 64])

@@ -7,11 +7,10 @@ has order dividing 8 (on Curve25519 or its twist) exactly when three doublings r
 import itertools
 
 import pytest
+from fedsec.secagg import keys
+from fedsec.secagg.errors import CryptoError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from secagg import keys
-from secagg.errors import CryptoError
 
 P = keys.FIELD_PRIME
 A = 486662

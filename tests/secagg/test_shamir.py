@@ -3,11 +3,10 @@ import random
 
 import numpy as np
 import pytest
+from fedsec.secagg import shamir
+from fedsec.secagg.errors import InvalidArgumentError, ReconstructionError
 from hypothesis import given
 from hypothesis import strategies as st
-
-from secagg import shamir
-from secagg.errors import InvalidArgumentError, ReconstructionError
 
 
 def naive_lagrange(xs):

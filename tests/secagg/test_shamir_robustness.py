@@ -3,11 +3,10 @@ wrong secret, never another exception."""
 
 import numpy as np
 import pytest
+from fedsec.secagg import shamir
+from fedsec.secagg.errors import ReconstructionError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from secagg import shamir
-from secagg.errors import ReconstructionError
 
 PRIME = shamir.PRIME
 

@@ -7,10 +7,10 @@ import threading
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import MalformedMessage
 
 from fedsec.network.errors import PeerRejected
 from fedsec.network.transport import TransportClient, TransportError, TransportServer
-from protocols.errors import MalformedMessage
 
 RELEASE = threading.Event()
 
