@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsec.secagg.keys import SigningKey
+from fedsec.state.durable import open_durable
 
 FORMAT = "fedsec-audit-1"
 """The ``header.format`` value this module writes and reads."""
@@ -116,10 +117,7 @@ def row_hash(event: Event) -> str:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = FULL")
-    return db
+    return open_durable(path)
 
 
 class AuditLog:

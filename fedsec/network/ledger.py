@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import sqlite3
 from pathlib import Path
 
 from fedsec.network.errors import PolicyRefused
+from fedsec.state.durable import open_durable
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS reservations (run_id TEXT PRIMARY KEY, epsilon REAL NOT NULL, "
            "reserved_at TEXT NOT NULL)")
@@ -39,10 +39,7 @@ class EpsilonLedger:
         directory = Path(state_dir)
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "ledger.db"
-        self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = FULL")
-        self._db.execute(_SCHEMA)
+        self._db = open_durable(self.path, schema=_SCHEMA)
 
     def spent(self) -> float:
         """Total epsilon reserved by every run so far."""

@@ -11,10 +11,10 @@ an aggregation it endorsed before.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from fedsec.protocols.paillier.state import EndorsementConflict, check_endorsement
+from fedsec.state.durable import open_durable, transaction
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS endorsed (key_id BLOB NOT NULL, sequence BLOB NOT NULL, "
            "digest BLOB NOT NULL, PRIMARY KEY (key_id, sequence))")
@@ -34,12 +34,7 @@ class SqliteEndorsementStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise ValueError(f"path: directory {self.path.parent} does not exist")
-        self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = FULL")
-        self._db.execute(_SCHEMA)
+        self._db = open_durable(self.path, schema=_SCHEMA)
 
     def endorsed(self, key_id: bytes, sequence: int) -> bytes | None:
         check_endorsement(sequence, bytes(32))
@@ -49,18 +44,13 @@ class SqliteEndorsementStore:
 
     def endorse(self, key_id: bytes, sequence: int, digest: bytes) -> None:
         check_endorsement(sequence, digest)
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self._db):
             known = self.endorsed(key_id, sequence)
             if known is None:
                 self._db.execute("INSERT INTO endorsed (key_id, sequence, digest) VALUES (?, ?, ?)",
                                  (bytes(key_id), _sequence(sequence), bytes(digest)))
             elif known != digest:
                 raise EndorsementConflict(f"another list is endorsed for sequence {sequence}")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()

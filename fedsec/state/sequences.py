@@ -9,10 +9,10 @@ that number when it restarts on the same file.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from fedsec.protocols.paillier.state import check_next
+from fedsec.state.durable import open_durable, transaction
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS burned (key_id BLOB PRIMARY KEY, sequence INTEGER NOT NULL)"
 
@@ -26,12 +26,7 @@ class SqliteSequenceStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise ValueError(f"path: directory {self.path.parent} does not exist")
-        self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = FULL")
-        self._db.execute(_SCHEMA)
+        self._db = open_durable(self.path, schema=_SCHEMA)
 
     def last_burned(self, key_id: bytes) -> int:
         row = self._db.execute("SELECT sequence FROM burned WHERE key_id = ?",
@@ -39,15 +34,10 @@ class SqliteSequenceStore:
         return 0 if row is None else int(row[0])
 
     def burn(self, key_id: bytes, sequence: int) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self._db):
             check_next(self.last_burned(key_id), sequence)
             self._db.execute("INSERT INTO burned (key_id, sequence) VALUES (?, ?) ON CONFLICT(key_id) "
                              "DO UPDATE SET sequence = excluded.sequence", (bytes(key_id), sequence))
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()
