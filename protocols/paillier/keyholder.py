@@ -117,6 +117,9 @@ class PaillierKeyHolder:
         self.store: SequenceStore = store if store is not None else MemorySequenceStore()
         self._roster: dict[int, bytes] = {}
         self._tag_keys: dict[int, bytes] = {}
+        self._registered: dict[int, set[bytes]] = {}
+        """Every tag key each client registered under this key and epoch (replays are refused)."""
+        self._current_tag: dict[int, bytes] = {}
         self.decryptions = 0
         self.refusals: deque[tuple[int | None, str]] = deque(maxlen=REFUSAL_RECORD)
         """The key holder's own record of the last :data:`REFUSAL_RECORD` (sequence or None,
@@ -156,6 +159,13 @@ class PaillierKeyHolder:
         except CryptoError:
             raise MalformedMessage("registration does not verify") from None
         key_id, client_id = self.public_key.key_id, message.client_id
+        seen = self._registered.setdefault(client_id, set())
+        if message.tag_public in seen and message.tag_public != self._current_tag[client_id]:
+            # A registration the client has since replaced (it restarted and registered anew): a
+            # replay would swap its pad key back and lock it out of every later aggregation.
+            raise MalformedMessage("registration was replaced by a newer one")
+        seen.add(message.tag_public)
+        self._current_tag[client_id] = message.tag_public
         self._tag_keys[client_id] = tag_key(shared, key_id, client_id)
         sealed = seal(wrap_key(shared, key_id, self.epoch, client_id), self._mac_key,
                       welcome_associated(key_id, self.epoch, client_id))
