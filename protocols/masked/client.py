@@ -40,6 +40,7 @@ from fedsec.protocols.masked.keys import (
     share_hash,
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.protocols.masked.sessions import PROCESS_SESSIONS, SessionRecord
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import Encoded, FixedPointEncoder
@@ -63,6 +64,7 @@ FEW_SURVIVORS = "too few survivors"
 INCONSISTENT = "survivor lists disagree"
 ATTESTATION = "a survivor's partner attestation is missing, invalid or names fewer than t survivors"
 ABORTED = "client has aborted"
+SECOND_INSTANCE = "this identity already took part in this session and round"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +155,7 @@ class _Context:
     directory: Mapping[int, bytes]
     policy: ClientPolicy
     noise: Callable[[int], np.ndarray] | None = None
+    sessions: SessionRecord = PROCESS_SESSIONS
     params: m.SessionParams | None = None
     graph: RingGraph | None = None
     encoder: FixedPointEncoder | None = None
@@ -247,6 +250,10 @@ class _AwaitParams(_Stage):
             if extra.shape != (p.length,) or int(extra.min()) < 0 or int(extra.max()) > p.word_slack:
                 raise ClientAbort(UNSAFE_PARAMS)
             encoded.words[:-2] += extra.astype(encoded.words.dtype)
+        identity = (ctx.signing_key.public if ctx.signing_key is not None
+                    else b"client:" + str(ctx.client_id).encode())
+        if not ctx.sessions.claim(identity, ctx.session, ctx.round_index):
+            raise ClientAbort(SECOND_INSTANCE)
         ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
         ctx.clipped = encoded.clipped
         ctx.quorum = survivor_quorum(n, policy.corrupt, population=population)
@@ -494,14 +501,19 @@ class MaskedClient:
         policy: what it insists on.
         noise: length -> non-negative integers (each at most the session's word slack) that
             it adds to its encoded value words before masking (client-level DP noise, shifted).
+        sessions: where this identity records the (session, round) pairs it took part in; a
+            second instance of one pair aborts before drawing any key
+            (:mod:`protocols.masked.sessions`; default: the process-wide record).
     """
 
     def __init__(self, *, client_id: int, session: bytes, round_index: int, update: np.ndarray,
                  weight: int, rng: np.random.Generator, signing_key: crypto.SigningKey | None = None,
                  directory: Mapping[int, bytes] | None = None, policy: ClientPolicy | None = None,
-                 noise: Callable[[int], np.ndarray] | None = None) -> None:
+                 noise: Callable[[int], np.ndarray] | None = None,
+                 sessions: SessionRecord | None = None) -> None:
         ctx = _Context(client_id, session, round_index, update, weight, rng, signing_key,
-                       dict(directory or {}), policy or ClientPolicy(), noise)
+                       dict(directory or {}), policy or ClientPolicy(), noise,
+                       sessions if sessions is not None else PROCESS_SESSIONS)
         self._stage: _Stage | None = _AwaitParams(ctx)
         self._ctx = ctx
         self.abort_reason: str | None = None
