@@ -1,0 +1,59 @@
+"""Review rr10 (FINDING, fails today): a round interrupted (Ctrl-C) after the server received the
+updates is not charged, although the aborted-round fix charges exactly this exposure.
+
+Under DP-SGD with plain aggregation the server holds every client's noisy update in the clear once
+``aggregate`` has them. If Ctrl-C lands after that (while the server averages, evaluates, writes),
+``Server.run`` drops "the round in flight" before the budget's ``after_round``: the run ends
+``interrupted`` with an epsilon for one round less than the server saw, and ``--resume`` re-runs
+that round with fresh noise, so the same records are released twice and charged once.
+"""
+
+import numpy as np
+import pytest
+from torch import nn
+
+import fedsec
+from fedsec import fl_core
+
+
+class CtrlCAfterSeeing(fl_core.PlainAggregation):
+    """The project's plain protocol; the server keeps what it is handed; the user presses Ctrl-C
+    right after the server received round ``at``'s updates."""
+
+    def __init__(self, at: int, **kw):
+        super().__init__(**kw)
+        self.seen, self.at = 0, at
+
+    def aggregate(self, round_index, updates, *, purpose="update"):
+        self.seen += len(updates)
+        result = super().aggregate(round_index, updates, purpose=purpose)
+        if purpose == "update" and round_index == self.at:
+            raise KeyboardInterrupt
+        return result
+
+
+def _clients(k: int):
+    rng = np.random.default_rng(0)
+    clients = []
+    for _ in range(k):
+        x = rng.normal(size=(40, 3)).astype(np.float32)
+        clients.append((x, (x[:, 0] > 0).astype(np.int64)))
+    return clients
+
+
+def _run(protocol, rounds):
+    clients = _clients(3)
+    return fedsec.Federation(model=nn.Linear(3, 2), clients=clients, test=clients[0],
+                             secure=protocol, dp=fedsec.DP(mode="dpsgd", noise_multiplier=1.0),
+                             rounds=rounds, batch_size=8).run()
+
+
+def test_updates_seen_in_an_interrupted_round_are_charged():
+    protocol = CtrlCAfterSeeing(at=2)
+    result = _run(protocol, rounds=3)
+    assert protocol.seen == 6  # rounds 1 and 2: every client's noisy update, in the clear
+    two = _run(fl_core.PlainAggregation(), rounds=2)
+    assert result.epsilon == pytest.approx(two.epsilon), (
+        f"the server received two rounds of DP-SGD updates in the clear; the interrupted run "
+        f"reports epsilon {result.epsilon:.4f}, two charged rounds are {two.epsilon:.4f} "
+        f"(stop: {result.stop_reason})")
