@@ -46,3 +46,22 @@ def test_embedding_max_norm_reveals_one_record():
     assert abs(with_canary - without) < 0.5, (
         f"row 9's released norm is {with_canary:.3f} with the canary record and {without:.3f} "
         "without it: the in-place max_norm renorm leaks membership outside the noise")
+
+
+def test_federation_refuses_a_max_norm_embedding_under_dpsgd():
+    import numpy as np
+    import pytest
+
+    import fedsec
+
+    class FloatBag(Bag):
+        def forward(self, tokens):
+            return super().forward(tokens.long())
+
+    rng = np.random.default_rng(0)
+    clients = [(rng.integers(0, 6, (20, 4)).astype(np.float32), rng.integers(0, 2, 20))
+               for _ in range(3)]
+    with pytest.raises(ValueError):
+        fedsec.Federation(model=FloatBag(), clients=clients, test=clients[0], secure=None,
+                          dp=fedsec.DP(mode="dpsgd", noise_multiplier=1.0), rounds=1,
+                          batch_size=None)

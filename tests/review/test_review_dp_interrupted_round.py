@@ -57,3 +57,20 @@ def test_updates_seen_in_an_interrupted_round_are_charged():
         f"the server received two rounds of DP-SGD updates in the clear; the interrupted run "
         f"reports epsilon {result.epsilon:.4f}, two charged rounds are {two.epsilon:.4f} "
         f"(stop: {result.stop_reason})")
+
+
+def test_a_masked_sum_released_then_interrupted_is_charged():
+    """Variant under masking: the sum is unmasked (released to the server), then Ctrl-C."""
+    from fedsec.protocols.masked import MaskedAggregation
+
+    class MaskedCtrlC(MaskedAggregation):
+        def aggregate(self, round_index, updates, *, purpose="update"):
+            result = super().aggregate(round_index, updates, purpose=purpose)
+            if purpose == "update" and round_index == 2:
+                raise KeyboardInterrupt  # the server already holds the unmasked sum
+            return result
+
+    result = _run(MaskedCtrlC(max_weight=40, rng=np.random.default_rng(1), active=False), rounds=3)
+    two = _run(MaskedAggregation(max_weight=40, rng=np.random.default_rng(1), active=False), rounds=2)
+    assert result.epsilon == pytest.approx(two.epsilon), (
+        f"two sums released, epsilon {result.epsilon:.4f} reported, {two.epsilon:.4f} due")
