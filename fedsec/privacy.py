@@ -88,6 +88,9 @@ FAILURES = ("failures: a client whose local model is not finite leaves the round
             "DP such a client sends a zero update instead, which the noise covers)")
 CLIENT_TEST = ("evaluation metrics computed on held-out records of the clients are released "
                "without noise (the loss, accuracy and per-client metrics of every round)")
+CLIENT_DATA_TEST = ("evaluation metrics computed on records of the clients are released without noise "
+                    "(test= is, or shares memory with, a client's training data: the loss, accuracy "
+                    "and per-client metrics of every round)")
 REPRODUCIBLE = ("the DP noise itself: dp.reproducible = true derives it from the seed, which "
                 "config.toml publishes, so whoever knows the seed can subtract it and epsilon "
                 "holds only against those who do not")
