@@ -118,16 +118,18 @@ def _refuse_changed(state: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None
                 "records without noise")
 
 
-def synthetic_like(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def synthetic_like(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     """Random inputs of ``x``'s shape and dtype: uniform integers in ``x``'s observed range when ``x``
     holds integers (or integer-valued floats), otherwise Gaussian with ``x``'s per-feature mean and
     standard deviation (1 where the examples coincide)."""
     if not x.is_floating_point() or bool((x == x.round()).all()):
         low, high = int(x.min()), int(x.max())
-        return torch.randint(low, high + 1, tuple(x.shape), generator=generator).to(x.dtype)
+        values = rng.integers(low, high + 1, size=tuple(x.shape))
+        return torch.from_numpy(values).to(device=x.device, dtype=x.dtype)
     mean, std = x.mean(0, keepdim=True), x.std(0, keepdim=True)
     std = torch.where(std > 0, std, torch.ones_like(std))
-    return (mean + std * torch.randn(tuple(x.shape), generator=generator, dtype=x.dtype)).to(x.dtype)
+    noise = torch.from_numpy(rng.standard_normal(size=tuple(x.shape))).to(device=x.device, dtype=x.dtype)
+    return mean + std * noise
 
 
 def spread_indices(n: int, rng: np.random.Generator) -> list[int]:
@@ -261,7 +263,7 @@ class PerExampleClipper:
         """The independence check again on random inputs like ``x`` (:func:`synthetic_like`), so a
         batch statistic is seen even when the given examples coincide; a model that cannot run on
         such inputs (e.g. out-of-range values) is judged on the given examples alone."""
-        fake = synthetic_like(x, torch.Generator().manual_seed(0))
+        fake = synthetic_like(x, np.random.default_rng(0))
         try:
             with torch.no_grad():
                 loss_fn(self.model(fake), y)

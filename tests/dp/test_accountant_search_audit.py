@@ -1,4 +1,4 @@
-"""Review rr10, searching adversary against the accountants (DEFENDED if it passes).
+"""Searching adversary against the accountants.
 
 With sampling rate 1, T Gaussian steps of noise multiplier sigma compose EXACTLY to one Gaussian
 mechanism of mu = sqrt(T) / sigma, whose (epsilon, delta) curve is known in closed form (Balle &
