@@ -1,11 +1,7 @@
-"""Review rr10 (FINDING, fails today): a round interrupted (Ctrl-C) after the server received the
-updates is not charged, although the aborted-round fix charges exactly this exposure.
-
-Under DP-SGD with plain aggregation the server holds every client's noisy update in the clear once
-``aggregate`` has them. If Ctrl-C lands after that (while the server averages, evaluates, writes),
-``Server.run`` drops "the round in flight" before the budget's ``after_round``: the run ends
-``interrupted`` with an epsilon for one round less than the server saw, and ``--resume`` re-runs
-that round with fresh noise, so the same records are released twice and charged once.
+"""A round interrupted (Ctrl-C) after the server received the updates is charged: under DP-SGD with
+plain aggregation the server holds every client's noisy update in the clear once ``aggregate`` has
+them, and under masking the unmasked sum once it returns; ``ChargeOnRelease`` charges the budget
+before the interrupt propagates (``Server.run`` then drops the round in flight).
 """
 
 import numpy as np
@@ -74,3 +70,9 @@ def test_a_masked_sum_released_then_interrupted_is_charged():
     two = _run(MaskedAggregation(max_weight=40, rng=np.random.default_rng(1), active=False), rounds=2)
     assert result.epsilon == pytest.approx(two.epsilon), (
         f"two sums released, epsilon {result.epsilon:.4f} reported, {two.epsilon:.4f} due")
+
+
+def test_an_uninterrupted_run_is_charged_once_per_round():
+    one, two = _run(fl_core.PlainAggregation(), rounds=1), _run(fl_core.PlainAggregation(), rounds=2)
+    assert 0 < one.epsilon < two.epsilon
+    assert [r["epsilon"] for r in two.history][0] == pytest.approx(one.epsilon)
