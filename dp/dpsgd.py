@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from fedsec.dp.errors import InvalidPrivacyParameterError
 from fedsec.dp.noise import MIN_NOISE_MULTIPLIER, SecureRandom
-from fedsec.dp.per_sample import PROBE_SIZE, LossFn, PerExampleClipper
+from fedsec.dp.per_sample import LossFn, PerExampleClipper, spread_indices
 from torch import nn
 
 
@@ -96,7 +96,8 @@ class DPSGD:
             raise InvalidPrivacyParameterError("DP-SGD needs at least one example")
         clipper = self.clipper(model)
         if not clipper.probed and n >= 2:  # once: independence and the exact-path check
-            clipper.probe(x[:PROBE_SIZE], y[:PROBE_SIZE], loss_fn)
+            index = spread_indices(n, np.random.default_rng(0))
+            clipper.probe(x[index], y[index], loss_fn)
         model.train()
         q = self.sample_rate(n)
         expected = float(self.batch_size) if self.fixed_rate is not None else q * n

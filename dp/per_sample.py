@@ -24,7 +24,8 @@ the like) with its own message.
 The structure alone does not prove a path right: a weight can also be used functionally
 (``F.linear(h, layer.weight)``, ``h @ emb.weight.T``), from a hook, or be assigned by a pre-hook,
 which neither the fast path nor Opacus sees. So before the first clipped sum, on a probe batch
-(the first examples the clipper is given, at most ``PROBE_SIZE``), the clipper
+(the first ``PROBE_SIZE`` examples the clipper is given and ``PROBE_SIZE`` more chosen at random
+across them, :func:`spread_indices`), the clipper
 
 1. checks that the model and the loss treat the examples independently: in train mode (dropout
    modules switched off for the probe), each example's output and per-example loss must equal
@@ -41,6 +42,13 @@ which neither the fast path nor Opacus sees. So before the first clipped sum, on
 The probe guards against mistakes, not against an adversarial model: a model may behave one way
 on the probe batch and another way later (e.g. by counting its calls), which no finite probe
 detects. Buffers are restored after the probe.
+
+Refused outright (:func:`check_released_raw`, and in the probe by comparing every parameter and
+buffer before and after its forward passes): what DP-SGD would release without noise, i.e. a float
+parameter with ``requires_grad=False``, an ``nn.Embedding`` with ``max_norm`` (rows renormalised in
+place), and any parameter or buffer that a forward pass changes. The independence check of step 1
+runs on the probe batch and again on random inputs of its shape and dtype (:func:`synthetic_like`),
+so a batch statistic is seen even when the client's examples coincide.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from fedsec.dp.errors import UnsupportedModelError
 from torch import nn
@@ -73,6 +82,63 @@ def check_model(model: nn.Module) -> None:
         reasons = "; ".join(sorted({str(e) for e in errors}))
         raise UnsupportedModelError(f"DP-SGD cannot train this model: {reasons} (replace the "
                                     "offending layers yourself, e.g. BatchNorm by GroupNorm)")
+
+
+def check_released_raw(model: nn.Module) -> None:
+    """Refuse what DP-SGD would release without noise: a float parameter with
+    ``requires_grad=False`` (sent with the model, never clipped or noised) and an ``nn.Embedding``
+    with ``max_norm`` (its forward renormalises the looked-up rows in place, outside the gradient)."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not p.requires_grad:
+            raise UnsupportedModelError(
+                f"DP-SGD cannot train this model: parameter {name!r} is frozen (requires_grad=False), "
+                "so it would be released without noise; make it a constant outside the model or "
+                "train it")
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and module.max_norm is not None:
+            raise UnsupportedModelError(
+                f"DP-SGD cannot train this model: module {name or type(module).__name__!r} is an "
+                "nn.Embedding with max_norm, which renormalises the rows a batch looks up in place, "
+                "outside the clipped, noised gradient; use max_norm=None")
+
+
+def _state(model: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, tensor, saved copy) for every parameter and buffer of ``model``."""
+    named = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if b is not None]
+    return [(name, t, t.detach().clone()) for name, t in named]
+
+
+def _refuse_changed(state: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+    """Refuse a model whose parameters or buffers changed during a forward pass."""
+    for name, tensor, saved in state:
+        if tensor.shape != saved.shape or not torch.equal(tensor.detach(), saved):
+            raise UnsupportedModelError(
+                f"DP-SGD cannot train this model: {name!r} changes during a forward pass (updated "
+                "from the inputs, outside the clipped, noised gradient), so it would carry the "
+                "records without noise")
+
+
+def synthetic_like(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """Random inputs of ``x``'s shape and dtype: uniform integers in ``x``'s observed range when ``x``
+    holds integers (or integer-valued floats), otherwise Gaussian with ``x``'s per-feature mean and
+    standard deviation (1 where the examples coincide)."""
+    if not x.is_floating_point() or bool((x == x.round()).all()):
+        low, high = int(x.min()), int(x.max())
+        values = rng.integers(low, high + 1, size=tuple(x.shape))
+        return torch.from_numpy(values).to(device=x.device, dtype=x.dtype)
+    mean, std = x.mean(0, keepdim=True), x.std(0, keepdim=True)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    noise = torch.from_numpy(rng.standard_normal(size=tuple(x.shape))).to(device=x.device, dtype=x.dtype)
+    return mean + std * noise
+
+
+def spread_indices(n: int, rng: np.random.Generator) -> list[int]:
+    """The first ``PROBE_SIZE`` indices of ``n`` examples and ``PROBE_SIZE`` more chosen by the numpy
+    Generator ``rng`` across all of them (distinct, sorted)."""
+    first = list(range(min(n, PROBE_SIZE)))
+    rest = [i for i in range(PROBE_SIZE, n)]
+    extra = sorted(rng.choice(rest, size=min(PROBE_SIZE, len(rest)), replace=False).tolist()) if rest else []
+    return first + extra
 
 
 def _fast_layers(model: nn.Module) -> list[nn.Module] | None:
@@ -109,6 +175,7 @@ class PerExampleClipper:
 
     def __init__(self, model: nn.Module, *, max_grad_norm: float) -> None:
         check_model(model)
+        check_released_raw(model)
         if not max_grad_norm > 0:
             raise UnsupportedModelError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         self.model, self.max_grad_norm = model, float(max_grad_norm)
@@ -136,7 +203,8 @@ class PerExampleClipper:
         if not self.probed:
             if x.shape[0] < 2:
                 return self._loop(x, y, loss_fn)  # exact; the probe waits for two examples
-            self.probe(x[:PROBE_SIZE], y[:PROBE_SIZE], loss_fn)
+            index = spread_indices(int(x.shape[0]), np.random.default_rng(0))
+            self.probe(x[index], y[index], loss_fn)
         path = {"fast": self._fast, "opacus": self._opacus, "vmap": self._vmap,
                 "loop": self._loop}[self.mode]
         try:
@@ -164,7 +232,17 @@ class PerExampleClipper:
         for m in dropouts:
             m.eval()
         try:
+            state = _state(self.model)
+            with torch.no_grad():
+                try:
+                    self.model(x)
+                except (RuntimeError, IndexError, KeyError, TypeError, ValueError):
+                    pass  # judged by the independence check below, which names the error
+            _refuse_changed(state)
             self._check_independent(x, y, loss_fn)
+            _refuse_changed(state)
+            self._check_synthetic(x, y, loss_fn)
+            _refuse_changed(state)
             if [id(p) for p in self.model.parameters() if p.requires_grad] != [id(p) for p in self.params]:
                 raise UnsupportedModelError(
                     "DP-SGD cannot train this model: its trainable parameters change when it runs "
@@ -180,6 +258,18 @@ class PerExampleClipper:
                     b.copy_(saved)
         self.probed = True
         return self.mode
+
+    def _check_synthetic(self, x, y, loss_fn) -> None:
+        """The independence check again on random inputs like ``x`` (:func:`synthetic_like`), so a
+        batch statistic is seen even when the given examples coincide; a model that cannot run on
+        such inputs (e.g. out-of-range values) is judged on the given examples alone."""
+        fake = synthetic_like(x, np.random.default_rng(0))
+        try:
+            with torch.no_grad():
+                loss_fn(self.model(fake), y)
+        except (RuntimeError, IndexError, KeyError, TypeError, ValueError):
+            return
+        self._check_independent(fake, y, loss_fn)
 
     def _check_independent(self, x, y, loss_fn) -> None:
         with torch.no_grad():

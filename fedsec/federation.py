@@ -33,7 +33,7 @@ from fedsec.fl_core.history import HistoryRecorder, RoundObserver, RoundRecord
 from fedsec.fl_core.local import TorchTrainer, default_loss
 from fedsec.fl_core.metrics import Evaluator, MetricFn
 from fedsec.fl_core.server_optimizers import SERVER_OPTIMIZERS, make_server_optimizer
-from fedsec.privacy import PrivacySettings, PrivacySetup, build_privacy_layer
+from fedsec.privacy import CLIENT_DATA_TEST, PrivacySettings, PrivacySetup, build_privacy_layer
 
 SECURE_LAYERS = ("masking", "paillier")
 ALGORITHMS = ("fedavg", "fedprox")
@@ -236,6 +236,7 @@ class Federation:
         except ValueError as error:
             raise ValueError(f"buffers: {error}") from None
         self.client_test = test is None or isinstance(test, list)
+        self.test_is_client_data = not self.client_test and _shares_client_data(test, clients)
         self._ran = False
         self._load_data(clients, test, label)
         self.evaluator = Evaluator(loss=self.loss, metrics=self.evaluator_metrics,
@@ -396,7 +397,14 @@ class Federation:
                                  f"update); got {clip}")
 
     def _refuse_buffers(self) -> None:
-        """DP-SGD noises the trainable parameters only: a float buffer would be released raw."""
+        """DP-SGD noises the trainable parameters only: a float buffer, a frozen float parameter or
+        an ``nn.Embedding(max_norm=...)`` (rows renormalised in place) would be released raw."""
+        from fedsec.dp.per_sample import check_released_raw
+
+        try:
+            check_released_raw(self.model)
+        except ValueError as error:
+            raise ValueError(f"model: {error}") from None
         for name, module in self.model.named_modules():
             own = [b for b, value in module._buffers.items()
                    if value is not None and value.is_floating_point()]
@@ -412,10 +420,12 @@ class Federation:
         """Run DP-SGD's per-example probe (independence, exact gradients) once, on a copy of the
         model and the clients' first examples, so a model or loss that mixes the batch is refused
         here rather than in round 1."""
-        from fedsec.dp.per_sample import PROBE_SIZE, PerExampleClipper
+        from fedsec.dp.per_sample import PROBE_SIZE, PerExampleClipper, spread_indices
 
-        xs = np.concatenate([c.x[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]
-        ys = np.concatenate([c.y[:PROBE_SIZE] for c in self.data.clients])[:PROBE_SIZE]
+        rng = np.random.default_rng([self.seed, 2])
+        picks = [spread_indices(len(c.y), rng) for c in self.data.clients]
+        xs = np.concatenate([c.x[i] for c, i in zip(self.data.clients, picks)])[:2 * PROBE_SIZE]
+        ys = np.concatenate([c.y[i] for c, i in zip(self.data.clients, picks)])[:2 * PROBE_SIZE]
         if len(xs) < 2:
             return
         try:
@@ -455,6 +465,8 @@ class Federation:
                                           secure=hasattr(protocol, "min_contributions"),
                                           client_test=self.client_test)
             assert privacy is not None
+            if self.test_is_client_data:
+                privacy.not_covered.append(CLIENT_DATA_TEST)
             trainer = privacy.trainer or trainer
             protocol = privacy.protocol or protocol
         optimizer = make_server_optimizer(self.server_optimizer_name,
@@ -491,3 +503,23 @@ class Federation:
             noise_multiplier=privacy.noise_multiplier if privacy is not None else None,
             not_covered=list(privacy.not_covered) if privacy is not None else [],
             feature_mean=info.get("feature_mean"), feature_std=info.get("feature_std"))
+
+
+def _arrays(value: Any) -> list[np.ndarray]:
+    """The numpy arrays (or tensors' arrays) directly inside ``value`` or a tuple/list of it."""
+    items = value if isinstance(value, (tuple, list)) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            item = item.detach().cpu().numpy() if item.device.type == "cpu" else None
+        if isinstance(item, np.ndarray):
+            out.append(item)
+    return out
+
+
+def _shares_client_data(test: Any, clients: Sequence[Any]) -> bool:
+    """Whether ``test`` is one of ``clients`` or one of its arrays shares memory with a client's."""
+    if any(test is c for c in clients):
+        return True
+    mine = _arrays(test)
+    return any(np.shares_memory(a, b) for c in clients for a in mine for b in _arrays(c))

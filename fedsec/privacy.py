@@ -28,6 +28,7 @@ from fedsec.dp.ledger import with_steps
 from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.fl_core.local import PerExampleLoss
 from fedsec.protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
+from fedsec.protocols.privacy.release import ChargeOnRelease
 from fedsec.protocols.privacy.trainer import FULL_BATCH
 
 
@@ -39,7 +40,7 @@ class PrivacySetup:
     noise_multiplier: float
     budget: PrivacyBudget
     trainer: DPSGDTrainer | None = None
-    protocol: ClientLevelDP | None = None
+    protocol: ClientLevelDP | ChargeOnRelease | None = None
     weighting: str = "samples"
     """The FedAvg weighting: ``samples`` (n_k) or ``equal`` (1)."""
     unit_definition: str = ""
@@ -52,8 +53,9 @@ class PrivacySetup:
         found = []
         if self.trainer is not None:
             found.append(self.trainer.optimizer.random)
-        if self.protocol is not None:
-            found.append(self.protocol.random)
+        inner = self.protocol.inner if isinstance(self.protocol, ChargeOnRelease) else self.protocol
+        if isinstance(inner, ClientLevelDP):
+            found.append(inner.random)
         return found
     """Releases epsilon does not account for (said in summary.json, never silently)."""
     withheld: dict[str, str] = field(default_factory=dict)
@@ -88,6 +90,9 @@ FAILURES = ("failures: a client whose local model is not finite leaves the round
             "DP such a client sends a zero update instead, which the noise covers)")
 CLIENT_TEST = ("evaluation metrics computed on held-out records of the clients are released "
                "without noise (the loss, accuracy and per-client metrics of every round)")
+CLIENT_DATA_TEST = ("evaluation metrics computed on records of the clients are released without noise "
+                    "(test= is, or shares memory with, a client's training data: the loss, accuracy "
+                    "and per-client metrics of every round)")
 REPRODUCIBLE = ("the DP noise itself: dp.reproducible = true derives it from the seed, which "
                 "config.toml publishes, so whoever knows the seed can subtract it and epsilon "
                 "holds only against those who do not")
@@ -165,6 +170,7 @@ def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDatase
         return None
     setup.withheld["train_loss"] = WITHHELD_LOSS
     setup.budget.charge_aborted = not secure
+    setup.protocol = ChargeOnRelease(setup.protocol or protocol, budget=setup.budget)
     if settings.reproducible:
         setup.not_covered.append(REPRODUCIBLE)
         _warn_reproducible()

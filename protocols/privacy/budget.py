@@ -70,6 +70,8 @@ class PrivacyBudget(RoundObserver):
         self.noise_multiplier = noise_multiplier
         self.charge_aborted = bool(charge_aborted)
         self.spent = 0.0
+        self.charged: set[int] = set()
+        """Rounds whose events are in the ledgers (a round is charged at most once)."""
         self.stopped: str | None = None
         self.trainer: DPSGDTrainer | None = None
 
@@ -122,12 +124,22 @@ class PrivacyBudget(RoundObserver):
             return "privacy_budget"
         return None
 
+    def charge(self, round_index: int) -> None:
+        """Record round ``round_index``'s events in every ledger, once (a second call for the same
+        round does nothing), and update ``spent``; called when the round's aggregate is released
+        (:class:`~fedsec.protocols.privacy.release.ChargeOnRelease`) and from ``after_round``."""
+        if round_index in self.charged:
+            return
+        self.charged.add(round_index)
+        for a, profile in zip(self.accountants, self.profiles, strict=True):
+            for event in profile:
+                a.record(event)
+        self.spent = self._worst()[0]
+
     def after_round(self, record: RoundRecord) -> None:
         self._check_reports()
         if record.status == "ok" or self.charge_aborted:
-            for a, profile in zip(self.accountants, self.profiles, strict=True):
-                for event in profile:
-                    a.record(event)
+            self.charge(record.round)
         self.spent, worst = self._worst()
         rdp = max(self.cross_check.get_epsilon(self.delta, events=a.ledger.events)
                   for a in self.accountants)

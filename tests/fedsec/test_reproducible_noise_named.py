@@ -27,7 +27,7 @@ def test_the_released_model_under_reproducible_noise_is_covered_or_said_not_to_b
     assert REPRODUCIBLE in privacy.not_covered
     server = experiment.server
     start = fl_core.get_vector(server.model).copy()  # (B) rebuilds it from config.toml's seed
-    wrapped = server.protocol  # ClientLevelDP(PlainAggregation)
+    wrapped = server.protocol.inner  # ChargeOnRelease(ClientLevelDP(PlainAggregation))
     clean = []
     inner_aggregate = wrapped.inner.aggregate
 
