@@ -10,11 +10,10 @@ It also checks that noise_multiplier_for's sigma keeps the exact epsilon within 
 import math
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import norm
-
 from fedsec.dp.accountants import epsilon
 from fedsec.dp.calibration import noise_multiplier_for
+from scipy.optimize import brentq
+from scipy.stats import norm
 
 
 def exact_epsilon(mu: float, delta: float) -> float:

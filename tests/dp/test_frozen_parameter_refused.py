@@ -8,14 +8,14 @@ server reads the released vector).
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-import fedsec
 from fedsec.dp import DPSGD, SecureRandom
 from fedsec.dp.errors import UnsupportedModelError
 from fedsec.dp.per_sample import PerExampleClipper
 from fedsec.fl_core.parameters import get_vector
 from fedsec.protocols.privacy.trainer import per_example_loss
+from torch import nn
+
+import fedsec
 
 
 class FrozenRunningCentre(nn.Module):

@@ -7,13 +7,12 @@ without it ~4, whatever the noise, so one record is told apart with certainty (e
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-import fedsec
-
 from fedsec.dp import DPSGD, SecureRandom
 from fedsec.dp.errors import UnsupportedModelError
 from fedsec.protocols.privacy.trainer import per_example_loss
+from torch import nn
+
+import fedsec
 
 
 class Bag(nn.Module):

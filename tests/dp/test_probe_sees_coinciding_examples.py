@@ -7,11 +7,10 @@ sensitivity far above C.
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from fedsec.dp.errors import UnsupportedModelError
 from fedsec.dp.per_sample import PROBE_SIZE, PerExampleClipper, spread_indices, synthetic_like
 from fedsec.protocols.privacy.trainer import per_example_loss
+from torch import nn
 
 C = 1.0
 

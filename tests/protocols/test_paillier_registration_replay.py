@@ -10,9 +10,9 @@ behind the opaque refusal. (Found by the second-round review.)
 from __future__ import annotations
 
 import pytest
-
 from fedsec.protocols.errors import MalformedMessage
 from fedsec.protocols.paillier import PaillierClient
+
 from tests.protocols.paillier_helpers import make_paillier_session
 
 
