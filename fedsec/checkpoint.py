@@ -133,6 +133,27 @@ class CheckpointWriter(RoundObserver):
         write_atomic(self.directory / CHECKPOINT, buffer.getvalue())
 
 
+def carry_released_charges(directory: Path, privacy: Any) -> None:
+    """After an interrupt: write the budget's current ledgers into the last checkpoint.
+
+    A round interrupted after its aggregate was released is charged by the budget but never
+    checkpointed; a resumed run re-runs (and charges) that round again, so without this the first
+    release would be counted nowhere. With it the resumed run is over-charged by that release,
+    never under-charged. Nothing happens without a checkpoint (an interrupt in round 1: nothing
+    to resume) or without a privacy layer.
+    """
+    path = directory / CHECKPOINT
+    if privacy is None or not path.is_file():
+        return
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files if name != "meta"}
+        meta = json.loads(str(data["meta"]))
+    meta["ledger"] = privacy.budget.state_dict()
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
+    write_atomic(path, buffer.getvalue())
+
+
 def read_checkpoint(directory: Path) -> Checkpoint:
     """Read ``directory/checkpoint.npz``.
 

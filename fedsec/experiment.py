@@ -378,7 +378,7 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
     import torch
 
     from fedsec.audit.run import RunAudit, file_sha256
-    from fedsec.checkpoint import CheckpointWriter, restore, resumable
+    from fedsec.checkpoint import CheckpointWriter, carry_released_charges, restore, resumable
     from fedsec.fl_core.parameters import get_vector
 
     config, server = experiment.config, experiment.server
@@ -406,6 +406,8 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
                         reproducible=config.dp.reproducible)
         result = server.run(resume=point)
     wall = time.perf_counter() - start
+    if out_dir is not None and result.stop_reason == "interrupted" and resumable(config):
+        carry_released_charges(out_dir, experiment.privacy)
     summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
                         experiment.privacy)
     summary["warnings"] = list(experiment.warnings)

@@ -76,3 +76,39 @@ def test_an_uninterrupted_run_is_charged_once_per_round():
     one, two = _run(fl_core.PlainAggregation(), rounds=1), _run(fl_core.PlainAggregation(), rounds=2)
     assert 0 < one.epsilon < two.epsilon
     assert [r["epsilon"] for r in two.history][0] == pytest.approx(one.epsilon)
+
+
+def test_a_resumed_run_keeps_the_charge_of_the_release_interrupted_before_its_checkpoint(
+        tmp_path, monkeypatch):
+    """`fedsec run` (masking + DP-SGD) interrupted right after round 3's sum was released, then
+    `--resume`: the resumed run re-runs round 3, so the released rounds are 1, 2, 3 (interrupted),
+    3 again and 4. Its epsilon must be at least that of five charged rounds, never four's."""
+    import json
+
+    from fedsec.protocols.masked import MaskedAggregation
+
+    from fedsec.cli import main
+
+    settings = ["--quiet", "--set", "dp.noise_multiplier=1.0", "--set", "dp.target_epsilon=0"]
+    real = MaskedAggregation.aggregate
+    pressed = []
+
+    def ctrl_c_after_round_3(self, round_index, updates, *, purpose="update"):
+        result = real(self, round_index, updates, purpose=purpose)
+        if purpose == "update" and round_index == 3 and not pressed:
+            pressed.append(round_index)
+            raise KeyboardInterrupt  # the server already holds round 3's unmasked sum
+        return result
+
+    monkeypatch.setattr(MaskedAggregation, "aggregate", ctrl_c_after_round_3)
+    out = tmp_path / "cut"
+    assert main(["run", "--out", str(out), "--set", "rounds=4", *settings]) == 130
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    resumed = json.loads((out / "summary.json").read_text())["privacy"]["epsilon"]
+    epsilons = {}
+    for rounds in (4, 5):
+        ref = tmp_path / f"ref{rounds}"
+        assert main(["run", "--out", str(ref), "--set", f"rounds={rounds}", *settings]) == 0
+        epsilons[rounds] = json.loads((ref / "summary.json").read_text())["privacy"]["epsilon"]
+    assert epsilons[4] < epsilons[5]
+    assert resumed == pytest.approx(epsilons[5], rel=1e-6)
