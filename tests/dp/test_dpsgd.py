@@ -12,20 +12,13 @@ from fedsec.dp.per_sample import PerExampleClipper
 from fedsec.fl_core.models import SmallCNN, build_model, classification_loss
 from torch import nn
 
+from tests.dp.naive import naive_clipped_sum
+
 
 def _loss(outputs, targets):
     return classification_loss(outputs, targets, reduction="none")
 
 
-def _naive(model, x, y, bound):
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(x.shape[0]):
-        grads = torch.autograd.grad(_loss(model(x[i : i + 1]), y[i : i + 1]).sum(), params)
-        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        for t, g in zip(total, grads, strict=True):
-            t += min(1.0, bound / float(norm)) * g
-    return total
 
 
 class _Normed(nn.Module):  # LayerNorm: not on the fast path, handled by Opacus' hooks
@@ -51,7 +44,7 @@ def test_clipped_sums_equal_the_naive_per_example_computation(name):
     clipper = PerExampleClipper(model, max_grad_norm=0.3)
     grads, _ = clipper.clipped_sum(x, y, _loss)
     assert clipper.mode == ("opacus" if name == "layernorm" else "fast")
-    for got, want in zip(grads, _naive(model, x, y, 0.3), strict=True):
+    for got, want in zip(grads, naive_clipped_sum(model, x, y, 0.3, _loss), strict=True):
         assert torch.allclose(got, want, atol=1e-5)
 
 
@@ -132,7 +125,7 @@ def test_tied_parameters_leave_the_fast_path_and_clip_exactly(tied):
     clipper = PerExampleClipper(model, max_grad_norm=0.2)
     assert clipper.mode == "opacus"
     grads, _ = clipper.clipped_sum(x, y, _loss)
-    want = _naive(model, x, y, 0.2)
+    want = naive_clipped_sum(model, x, y, 0.2, _loss)
     assert len(grads) == len(want) == len(list(model.parameters()))
     for got, expected in zip(grads, want, strict=True):
         assert torch.allclose(got, expected, atol=1e-5)
@@ -148,7 +141,7 @@ def test_the_fast_path_would_get_tied_weights_wrong():
     for layer in clipper.layers:
         layer.register_forward_hook(clipper._record)
     fast, _ = clipper._fast(x, y, _loss)
-    want = _naive(model, x, y, 0.2)
+    want = naive_clipped_sum(model, x, y, 0.2, _loss)
     assert not torch.allclose(fast[0], want[0], atol=1e-4)
 
 

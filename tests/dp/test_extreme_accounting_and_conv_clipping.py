@@ -17,6 +17,8 @@ from fedsec.dp.per_sample import PerExampleClipper
 from torch import nn
 from torch.nn import functional as F
 
+from tests.dp.naive import naive_clipped_sum
+
 
 def _tight(q, sigma, steps, delta):
     dist = pld_lib.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=1e-4,
@@ -33,15 +35,6 @@ def test_no_accountant_reports_below_the_tight_value(q, sigma, steps, delta, mec
     assert reported >= _tight(q, sigma, steps, delta) - 1e-3
 
 
-def _naive(model, x, y, bound):
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(x.shape[0]):
-        grads = torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params)
-        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        for t, g in zip(total, grads, strict=True):
-            t += min(1.0, bound / float(norm)) * g
-    return total
 
 
 @pytest.mark.parametrize("cout,k,s,p,bias", list(itertools.product(
@@ -56,5 +49,5 @@ def test_the_conv_fast_path_clips_exactly(cout, k, s, p, bias):
     clipper = PerExampleClipper(model, max_grad_norm=0.3)
     assert clipper.mode == "fast"
     got, _ = clipper.clipped_sum(x, y, lambda o, t: F.cross_entropy(o, t, reduction="none"))
-    for g, w in zip(got, _naive(model, x, y, 0.3), strict=True):
+    for g, w in zip(got, naive_clipped_sum(model, x, y, 0.3), strict=True):
         assert torch.allclose(g, w, atol=1e-5)

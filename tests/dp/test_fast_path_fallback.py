@@ -13,6 +13,8 @@ from fedsec.dp.per_sample import PerExampleClipper
 from torch import nn
 from torch.nn import functional as F
 
+from tests.dp.naive import naive_clipped_sum
+
 
 class UnusedHead(nn.Module):
     def __init__(self):
@@ -37,17 +39,6 @@ def _loss(out, y):
     return F.cross_entropy(out, y, reduction="none")
 
 
-def _naive(model, x, y, bound):
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(x.shape[0]):
-        grads = torch.autograd.grad(_loss(model(x[i:i + 1]), y[i:i + 1]).sum(), params,
-                                    allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        for t, g in zip(total, grads, strict=True):
-            t += min(1.0, bound / float(norm)) * g
-    return total
 
 
 @pytest.mark.parametrize("build", [UnusedHead, KeywordCall])
@@ -59,10 +50,10 @@ def test_the_clipper_takes_an_exact_path_when_the_fast_path_fails(build):
     assert clipper.mode == "fast"  # chosen from the structure alone
     got, _ = clipper.clipped_sum(x, y, _loss)
     assert clipper.mode != "fast"
-    for g, w in zip(got, _naive(model, x, y, 0.3), strict=True):
+    for g, w in zip(got, naive_clipped_sum(model, x, y, 0.3), strict=True):
         assert torch.allclose(g, w, atol=1e-5)
     again, _ = clipper.clipped_sum(x[:3], y[:3], _loss)  # later batches keep working
-    for g, w in zip(again, _naive(model, x[:3], y[:3], 0.3), strict=True):
+    for g, w in zip(again, naive_clipped_sum(model, x[:3], y[:3], 0.3), strict=True):
         assert torch.allclose(g, w, atol=1e-5)
 
 

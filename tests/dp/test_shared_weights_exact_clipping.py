@@ -17,6 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 
+from tests.dp.naive import naive_clipped_sum
+
 BOUND = 0.2
 
 
@@ -24,17 +26,6 @@ def _loss(outputs, targets):
     return F.cross_entropy(outputs, targets, reduction="none")
 
 
-def _naive(model, x, y, bound):
-    params = [p for p in model.parameters() if p.requires_grad]
-    total = [torch.zeros_like(p) for p in params]
-    for i in range(x.shape[0]):
-        grads = torch.autograd.grad(_loss(model(x[i:i + 1]), y[i:i + 1]).sum(), params,
-                                    allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        for t, g in zip(total, grads, strict=True):
-            t += min(1.0, bound / float(norm)) * g
-    return total
 
 
 class FunctionalLinearTie(nn.Module):
@@ -141,7 +132,7 @@ def test_shared_weights_are_clipped_exactly_or_refused(build):
         got, _ = clipper.clipped_sum(x, y, _loss)
     except DPError:
         return  # refused with a typed error: defended
-    want = _naive(model, x, y, BOUND)
+    want = naive_clipped_sum(model, x, y, BOUND)
     mode = clipper.mode
     for g, w in zip(got, want, strict=True):
         assert torch.allclose(g, w, atol=1e-5), (
