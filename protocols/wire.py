@@ -119,3 +119,22 @@ class Reader:
     def end(self) -> None:
         if self._pos != len(self._data):
             raise MalformedMessage("trailing bytes after the message")
+
+
+def start_envelope(magic: bytes, version: int, kind: int) -> Writer:
+    """A writer that has written the envelope of one message: 4-byte magic, version, kind."""
+    return Writer().fixed(magic, 4).u8(version).u8(kind)
+
+
+def open_envelope(data: bytes, magic: bytes, version: int, kind: int, *, family: str,
+                  name: str) -> Reader:
+    """A reader past the envelope of ``data``, which must be bytes of the ``family`` protocol
+    (magic and version) and a ``name`` message (kind); else MalformedMessage."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedMessage("a message must be bytes")
+    r = Reader(bytes(data))
+    if r.fixed(4) != magic or r.u8() != version:
+        raise MalformedMessage(f"not a fedsec {family} message (magic or version)")
+    if r.u8() != kind:
+        raise MalformedMessage(f"expected a {name} message")
+    return r

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage
-from fedsec.protocols.wire import Reader, Writer
+from fedsec.protocols.wire import Writer, open_envelope, start_envelope
 from fedsec.secagg.keys import KEY_BYTES, SIGNATURE_BYTES
 from fedsec.secagg.paillier.keys import KEY_ID_BYTES
 
@@ -144,7 +144,7 @@ Message = (Announcement | Registration | Submission | DecryptionRequest | Decryp
 
 
 def encode(message: Message) -> bytes:
-    w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
+    w = start_envelope(_MAGIC, _VERSION, message.KIND)
     if isinstance(message, Announcement):
         w.u8(message.custody).blob(message.public_key).fixed(message.tag_public, KEY_BYTES)
         w.u32(message.threshold).u64(message.epoch).fixed(message.signature, SIGNATURE_BYTES)
@@ -172,13 +172,7 @@ def encode(message: Message) -> bytes:
 
 def decode(data: bytes, kind: type[Message]) -> Message:
     """Parse ``data`` as a message of type ``kind``; anything else raises MalformedMessage."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise MalformedMessage("a message must be bytes")
-    r = Reader(bytes(data))
-    if r.fixed(4) != _MAGIC or r.u8() != _VERSION:
-        raise MalformedMessage("not a fedsec Paillier message (magic or version)")
-    if r.u8() != kind.KIND:
-        raise MalformedMessage(f"expected a {kind.__name__} message")
+    r = open_envelope(data, _MAGIC, _VERSION, kind.KIND, family="Paillier", name=kind.__name__)
     if kind is Announcement:
         custody = r.u8()
         if custody not in (KEY_HOLDER, THRESHOLD):

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 
 from fedsec.protocols.errors import MalformedMessage
-from fedsec.protocols.wire import Reader, Writer
+from fedsec.protocols.wire import Writer, open_envelope, start_envelope
 from fedsec.secagg.keys import SIGNATURE_BYTES
 from fedsec.secagg.paillier.keys import KEY_ID_BYTES
 
@@ -117,7 +117,7 @@ Message = VerificationKeys | ContributorList | Endorsement | CertifiedRequest | 
 
 
 def encode(message: Message) -> bytes:
-    w = Writer().fixed(_MAGIC, 4).u8(_VERSION).u8(message.KIND)
+    w = start_envelope(_MAGIC, _VERSION, message.KIND)
     if isinstance(message, VerificationKeys):
         w.fixed(message.key_id, KEY_ID_BYTES).u32(message.threshold).ids(message.parties)
         w.blob(message.base).u32(len(message.keys))
@@ -143,13 +143,7 @@ def encode(message: Message) -> bytes:
 
 def decode(data: bytes, kind: type[Message]) -> Message:
     """Parse ``data`` as a message of type ``kind``; anything else raises MalformedMessage."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise MalformedMessage("a message must be bytes")
-    r = Reader(bytes(data))
-    if r.fixed(4) != _MAGIC or r.u8() != _VERSION:
-        raise MalformedMessage("not a fedsec threshold message (magic or version)")
-    if r.u8() != kind.KIND:
-        raise MalformedMessage(f"expected a {kind.__name__} message")
+    r = open_envelope(data, _MAGIC, _VERSION, kind.KIND, family="threshold", name=kind.__name__)
     if kind is VerificationKeys:
         key_id, threshold, parties, base = r.fixed(KEY_ID_BYTES), r.u32(), r.ids(), bytes(r.view())
         keys = tuple(bytes(r.view()) for _ in range(r.count()))
