@@ -210,7 +210,7 @@ class BoostingConfig:
 class FederationConfig:
     """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
 
-    sites: tuple = _opt((), "a list of site names as in their certificates (the roster; site i is "
+    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; site i is "
                             "client i, so its length is data.clients)",
                         lambda v: all(isinstance(s, str) and s for s in v) and len(set(v)) == len(v))
     server: str = _opt("coordinator", "the coordinator's certificate name",
@@ -266,14 +266,14 @@ def _section_fields(obj: Any) -> list[dataclasses.Field]:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(str(v)) for v in value) + "]"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -290,12 +290,15 @@ def key_fields() -> dict[str, tuple[type, dataclasses.Field]]:
 
 
 def _type_of(cls: type, f: dataclasses.Field) -> type:
-    return {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}[str(f.type)]
+    return {"int": int, "float": float, "str": str, "bool": bool, "tuple[str, ...]": tuple}[str(f.type)]
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
-    if kind is tuple and isinstance(value, list):
-        value = tuple(value)
+    if kind is tuple:
+        if not isinstance(value, list | tuple) or any(
+                isinstance(v, bool) or not isinstance(v, str | int) for v in value):
+            raise ConfigError(key, f"must be a list of strings, got {value!r}")
+        return tuple(str(v) for v in value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, float) and value.is_integer():

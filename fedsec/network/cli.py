@@ -22,6 +22,8 @@ EXIT_FAILED = 1
 EXIT_BAD = 2
 EXIT_REFUSED = 3
 PASSPHRASE_ENV = "FEDSEC_CA_PASSPHRASE"
+COMMANDS = ("ca", "site", "serve", "join", "demo")
+"""The ``fedsec`` commands this package serves."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -64,6 +66,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--policy", required=True, metavar="SITE.toml")
     check.add_argument("--state", metavar="DIR", help="the site's state directory (its ledger)")
     check.set_defaults(network_handler=_site_check)
+    from fedsec.network import deploy_cli
+
+    deploy_cli.register(commands)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD
     except OSError as error:
         detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
-        print(f"fedsec: {args.command} {args.tool} failed: {detail}", file=sys.stderr)
+        print(f"fedsec: {' '.join(filter(None, (args.command, args.tool)))} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
 
 
