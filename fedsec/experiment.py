@@ -73,21 +73,10 @@ def build_experiment(
         raise ConfigError("train.algorithm", "boosting has no FedAvg server loop: use run_experiment")
     rng = np.random.default_rng(config.seed)
     d, t = config.data, config.train
-    try:
-        data = fl_core.load_federated(
-            d.dataset,
-            n_clients=d.clients,
-            partition=d.partition,
-            test_fraction=d.test_fraction,
-            rng=rng,
-            alpha=d.alpha,
-            shards_per_client=d.shards_per_client,
-            synthetic_setup=d.setup,
-            synthetic_samples=d.samples,
-            synthetic_features=d.features,
-        )
-    except fl_core.InvalidParameterError as error:
-        raise ConfigError("data", str(error)) from None
+    if d.dataset == "csv":
+        data = _csv_data(config)
+    else:
+        data = _bundled_data(config, rng)
     if not d.standardize:
         data = dataclasses.replace(data, standardize=False)
     local_tests: tuple[fl_core.ArrayDataset, ...] = ()
@@ -103,6 +92,7 @@ def build_experiment(
         seed=int(rng.integers(0, 2**63 - 1)),
     )
     protocol = build_protocol(config, data, rng)
+    secure_layer = protocol  # the evaluation sums go through it, not through the DP or robust wrappers
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -124,6 +114,12 @@ def build_experiment(
         strategy = fl_core.ZeroOnFailure(strategy)
     history = HistoryRecorder()
     extra = [privacy.budget] if privacy is not None else []
+    evaluator = None
+    if d.dataset == "csv":
+        from fedsec.site_data import build_evaluator
+
+        evaluator = build_evaluator(config, data, secure_layer)
+        extra.append(evaluator)
     server = fl_core.FederatedServer(
         model=model,
         data=data,
@@ -135,6 +131,7 @@ def build_experiment(
         target_accuracy=t.target_accuracy or None,
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
+        evaluator=evaluator,
     )
     extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = []
     if robust_summary:
@@ -143,6 +140,36 @@ def build_experiment(
         extras.append(lambda result, out_dir: personalization.report(config, server, local_tests,
                                                                      result, out_dir))
     return Experiment(config, data, server, history, privacy, notes, extras)
+
+
+def _bundled_data(config: ExperimentConfig, rng: np.random.Generator) -> fl_core.FederatedDataset:
+    d = config.data
+    try:
+        return fl_core.load_federated(
+            d.dataset,
+            n_clients=d.clients,
+            partition=d.partition,
+            test_fraction=d.test_fraction,
+            rng=rng,
+            alpha=d.alpha,
+            shards_per_client=d.shards_per_client,
+            synthetic_setup=d.setup,
+            synthetic_samples=d.samples,
+            synthetic_features=d.features,
+        )
+    except fl_core.InvalidParameterError as error:
+        raise ConfigError("data", str(error)) from None
+
+
+def _csv_data(config: ExperimentConfig) -> fl_core.FederatedDataset:
+    """The sites' CSV files; a file that fails validation is a bad input (key ``data.files``)."""
+    from fedsec.fl_core.csv_data import SiteDataError
+    from fedsec.site_data import federated_dataset, load_sites
+
+    try:
+        return federated_dataset(config, load_sites(config))
+    except SiteDataError as error:
+        raise ConfigError("data.files", str(error)) from None
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
