@@ -81,21 +81,10 @@ def load_data(config: ExperimentConfig, rng: np.random.Generator
     """The run's data and, for personalization, each client's local test split (drawn from ``rng``,
     the run generator, as the first thing a run does)."""
     d, t = config.data, config.train
-    try:
-        data = fl_core.load_federated(
-            d.dataset,
-            n_clients=d.clients,
-            partition=d.partition,
-            test_fraction=d.test_fraction,
-            rng=rng,
-            alpha=d.alpha,
-            shards_per_client=d.shards_per_client,
-            synthetic_setup=d.setup,
-            synthetic_samples=d.samples,
-            synthetic_features=d.features,
-        )
-    except fl_core.InvalidParameterError as error:
-        raise ConfigError("data", str(error)) from None
+    if d.dataset == "csv":
+        data = _csv_data(config)
+    else:
+        data = _bundled_data(config, rng)
     if not d.standardize:
         data = dataclasses.replace(data, standardize=False)
     local_tests: tuple[fl_core.ArrayDataset, ...] = ()
@@ -135,7 +124,7 @@ def assemble_experiment(
         seed=int(rng.integers(0, 2**63 - 1)),
     )
     protocol = (protocol_factory or build_protocol)(config, data, rng)
-    evaluator = evaluator_factory(config, data, protocol) if evaluator_factory is not None else None
+    secure_layer = protocol  # the evaluation sums go through it, not through the DP or robust wrappers
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -156,6 +145,13 @@ def assemble_experiment(
         strategy = strategy_wrapper(strategy)
     history = HistoryRecorder()
     extra: list[RoundObserver] = [privacy.budget] if privacy is not None else []
+    evaluator = None
+    if evaluator_factory is not None:
+        evaluator = evaluator_factory(config, data, secure_layer)
+    elif config.data.dataset == "csv":
+        from fedsec.site_data import build_evaluator
+
+        evaluator = build_evaluator(config, data, secure_layer)
     if isinstance(evaluator, RoundObserver):
         extra.append(evaluator)
     server = fl_core.FederatedServer(
@@ -187,6 +183,36 @@ def local_trainer(config: ExperimentConfig) -> fl_core.LocalTrainer:
         return fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
                                     prox_mu=t.prox_mu)
     return fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr)
+
+
+def _bundled_data(config: ExperimentConfig, rng: np.random.Generator) -> fl_core.FederatedDataset:
+    d = config.data
+    try:
+        return fl_core.load_federated(
+            d.dataset,
+            n_clients=d.clients,
+            partition=d.partition,
+            test_fraction=d.test_fraction,
+            rng=rng,
+            alpha=d.alpha,
+            shards_per_client=d.shards_per_client,
+            synthetic_setup=d.setup,
+            synthetic_samples=d.samples,
+            synthetic_features=d.features,
+        )
+    except fl_core.InvalidParameterError as error:
+        raise ConfigError("data", str(error)) from None
+
+
+def _csv_data(config: ExperimentConfig) -> fl_core.FederatedDataset:
+    """The sites' CSV files; a file that fails validation is a bad input (key ``data.files``)."""
+    from fedsec.fl_core.csv_data import SiteDataError
+    from fedsec.site_data import federated_dataset, load_sites
+
+    try:
+        return federated_dataset(config, load_sites(config))
+    except SiteDataError as error:
+        raise ConfigError("data.files", str(error)) from None
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
