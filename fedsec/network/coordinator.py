@@ -95,6 +95,8 @@ class Hub:
         self.noise_multiplier: float | None = None
         self.job_rounds: dict[int, int | None] = {}
         self.round: int | None = None
+        self.absent: set[str] = set()
+        """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem, handler=self.handle,
@@ -147,6 +149,7 @@ class Hub:
         elif topic == "poll":
             if peer.name not in self.sites:
                 raise ValueError("poll before accepting the plan")
+            self.absent.discard(peer.name)
             job = self.mailboxes.poll(peer.name, self.poll_wait)
             if job is None:
                 return envelope.encode({"kind": "wait"})
@@ -181,6 +184,7 @@ class Hub:
                 raise ValueError("the site's data shape differs from the other sites'")
             rejoined = peer.name in self.sites
             self.sites[peer.name] = info
+            self.absent.discard(peer.name)
             self._joined.notify_all()
         self.mailboxes.clear(peer.name)
         self.audit.event("site_rejoined" if rejoined else "site_joined",
@@ -199,13 +203,16 @@ class Hub:
                  deadline: float) -> dict[str, tuple[dict[str, Any], bytes]]:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded)."""
-        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in jobs.items()}
+        present = {name: job for name, job in jobs.items() if name in self.sites and name not in self.absent}
+        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
         for name in jobs:
             if name not in answers:
-                self.audit.event("dropout", round=round_index, stage=kind,
-                                 details={"site": name, "reason": "no answer before the deadline"})
+                reason = "no answer before the deadline" if name in posted else "not connected"
+                if name in posted:
+                    self.absent.add(name)
+                self.audit.event("dropout", round=round_index, stage=kind, details={"site": name, "reason": reason})
                 continue
             try:
                 header, body = envelope.decode(answers[name])

@@ -79,6 +79,8 @@ class MaskingCoordinator(CoordinatorLayer):
                   purpose: Purpose = "update") -> AggregateResult:
         ctx, s = self.context, self.context.config.secure
         ids = [int(u.client_id) for u in updates]
+        self.last_dropped = {c: "the aggregation aborted" for c in ids}
+        self.last_misbehaved = {}
         n = len(ids)
         degree, threshold = self.rules.parameters(n)
         length = int(updates[0].vector.size)
@@ -115,11 +117,7 @@ class MaskingCoordinator(CoordinatorLayer):
                 server.close()
             total, survivors = server.result()
         except (SecAggError, MalformedMessage) as error:
-            self.last_dropped = {c: "aborted" for c in ids}
             raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
-        except ProtocolAbort:
-            self.last_dropped = {c: "aborted" for c in ids}
-            raise
         finally:
             self.last_misbehaved = server.misbehaved
         self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
