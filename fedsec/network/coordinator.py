@@ -27,7 +27,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,18 +58,47 @@ class SiteInfo:
 
 
 class _RecordingServer(TransportServer):
-    """A transport server that keeps each admitted peer's certificate (PEM), to relay it."""
+    """A transport server that keeps each admitted peer's certificate (PEM), to relay it, and
+    counts the bytes of the gRPC messages (framing headers and chunks) each peer sends and gets:
+    what crosses the wire inside TLS and HTTP/2, whose own overhead is not counted."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.certificates: dict[str, bytes] = {}
         self.peers: dict[str, Peer] = {}
+        self.wire: dict[str, list[int]] = {}
+        """``name -> [bytes received from it, bytes sent to it]``."""
+        self._local = threading.local()
+        self._count = threading.Lock()
 
     def admit(self, context: grpc.ServicerContext) -> Peer:
         peer = super().admit(context)
         self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
         self.peers[peer.name] = peer
+        self._local.peer = peer.name
         return peer
+
+    def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._local.peer = None
+        up = [0]
+
+        def counted() -> Iterator[bytes]:
+            for chunk in requests:
+                up[0] += len(chunk)
+                yield chunk
+
+        down = 0
+        try:
+            for chunk in super()._exchange(counted(), context):
+                down += len(chunk)
+                yield chunk
+        finally:
+            name = self._local.peer
+            if name is not None:
+                with self._count:
+                    totals = self.wire.setdefault(name, [0, 0])
+                    totals[0] += up[0]
+                    totals[1] += down
 
 
 class Hub:
@@ -110,6 +139,10 @@ class Hub:
     @property
     def peers(self) -> Mapping[str, Peer]:
         return self.transport.peers
+
+    @property
+    def wire(self) -> Mapping[str, list[int]]:
+        return self.transport.wire
 
     def start(self) -> int:
         return self.transport.start()

@@ -172,9 +172,18 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
         _, _, upload = remote_moments(hub, server.protocol, features=int(np.prod(server.data.input_shape)),
                                       deadline=f.stage_timeout, sizes={n: s.n_train for n, s in sites.items()})
         server.setup_upload_bytes += upload
-    experiment.extras.append(lambda result, out: {"deployment": {
-        "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
-        "audit": "audit.db"}})
+    layer = remote.layer
+
+    def deployment(result: TrainingResult, out: Path | None) -> dict[str, Any]:
+        protocol = getattr(layer, "protocol_bytes", {})
+        return {"deployment": {
+            "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
+            "audit": "audit.db",
+            "wire_bytes": {n: {"from_site": up, "to_site": down} for n, (up, down) in sorted(hub.wire.items())},
+            "protocol_bytes": {hub.names[c]: {"from_site": up, "to_site": down}
+                               for c, (up, down) in sorted(protocol.items())}}}
+
+    experiment.extras.append(deployment)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)

@@ -71,6 +71,9 @@ class MaskingCoordinator(CoordinatorLayer):
                                        reproducible=self.reproducible, tolerated_corrupt=s.corrupt,
                                        population=len(context.names))
         self.last_misbehaved: dict[int, str] = {}
+        self.protocol_bytes: dict[int, list[int]] = {}
+        """``client -> [bytes it sent, bytes it was sent]``: the protocol's own messages (what the
+        simulation's in-memory transport counts), without the framework's setup and envelopes."""
 
     def min_contributions(self, n: int) -> int:
         return self.rules.min_contributions(n)
@@ -102,6 +105,8 @@ class MaskingCoordinator(CoordinatorLayer):
             while not server.done:
                 stage = server.stage
                 outgoing = server.outgoing()
+                for c, m in outgoing.items():
+                    self.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
                 if first:
                     setup = {"layer": self.name, "purpose": purpose, "round": round_index,
                              "session": session.hex(), "certificates": certificates}
@@ -112,6 +117,7 @@ class MaskingCoordinator(CoordinatorLayer):
                 replies = ctx.exchange(stage, outgoing)
                 for c in sorted(replies):
                     upload += len(replies[c])
+                    self.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
                     answered.add(c)
                     server.receive(c, replies[c])
                 server.close()
