@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD
     except OSError as error:
         detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
-        print(f"fedsec: {' '.join(filter(None, (args.command, args.tool)))} failed: {detail}", file=sys.stderr)
+        command = " ".join(filter(None, (args.command, args.tool)))
+        print(f"fedsec: {command} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -128,9 +128,9 @@ class Hub:
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
         self._joined = threading.Condition()
-        self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem, handler=self.handle,
-                                          roster=frozenset(self.names), roles=("site",), listen=listen,
-                                          workers=2 * len(self.names) + 4)
+        self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
+                                          handler=self.handle, roster=frozenset(self.names), roles=("site",),
+                                          listen=listen, workers=2 * len(self.names) + 4)
 
     @property
     def certificates(self) -> Mapping[str, bytes]:
@@ -208,7 +208,8 @@ class Hub:
                 any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
             raise ValueError("input_shape is not a list of positive integers")
         info = SiteInfo(peer.name, self.names.index(peer.name), envelope.field(header, "n_train", int),
-                        envelope.field(header, "n_test", int), tuple(shape), envelope.field(header, "n_classes", int))
+                        envelope.field(header, "n_test", int), tuple(shape),
+                        envelope.field(header, "n_classes", int))
         if info.n_train < 1 or info.n_test < 1:
             raise ValueError("a site needs training and test records")
         with self._joined:
@@ -230,7 +231,8 @@ class Hub:
         """A new job (its id and payload) of ``kind`` for ``round_index``."""
         number = self.mailboxes.next_id()
         self.job_rounds[number] = round_index
-        return number, envelope.encode({"job": number, "kind": kind, "round": round_index, **(header or {})}, body)
+        return number, envelope.encode({"job": number, "kind": kind, "round": round_index, **(header or {})},
+                                       body)
 
     def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
                  deadline: float) -> dict[str, tuple[dict[str, Any], bytes]]:
@@ -245,7 +247,8 @@ class Hub:
                 reason = "no answer before the deadline" if name in posted else "not connected"
                 if name in posted:
                     self.absent.add(name)
-                self.audit.event("dropout", round=round_index, stage=kind, details={"site": name, "reason": reason})
+                self.audit.event("dropout", round=round_index, stage=kind,
+                                 details={"site": name, "reason": reason})
                 continue
             try:
                 header, body = envelope.decode(answers[name])
@@ -253,7 +256,8 @@ class Hub:
                 header, body = {"ok": False, "reason": "malformed answer"}, b""
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
-                self.audit.event("dropout", round=round_index, stage=kind, details={"site": name, "reason": reason})
+                self.audit.event("dropout", round=round_index, stage=kind,
+                                 details={"site": name, "reason": reason})
                 continue
             good[name] = (header, body)
         return good

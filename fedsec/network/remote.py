@@ -129,8 +129,8 @@ class RemoteRound(AggregationProtocol):
             return done
         for c in ids:
             header, _ = jobs[c]
-            answers = self.hub.exchange("train", round_index, {names[c]: ({**header, "noise": self.noise_offset},
-                                                                         body)}, self.deadline)
+            job = {names[c]: ({**header, "noise": self.noise_offset}, body)}
+            answers = self.hub.exchange("train", round_index, job, self.deadline)
             if names[c] in answers:
                 offset = answers[names[c]][0].get("noise")
                 if isinstance(offset, int) and not isinstance(offset, bool) and offset >= self.noise_offset:
@@ -211,6 +211,6 @@ def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, de
     variance, upload_var = aggregate(2, np.asarray(mean, dtype="<f8").tobytes())
     std = np.sqrt(np.maximum(variance, 0.0))
     std[std < MIN_STD] = 1.0
-    hub.exchange("standardize", 0, {n: ({}, np.asarray(mean, dtype="<f8").tobytes()
-                                         + np.asarray(std, dtype="<f8").tobytes()) for n in hub.sites}, deadline)
+    scaling = np.asarray(mean, dtype="<f8").tobytes() + np.asarray(std, dtype="<f8").tobytes()
+    hub.exchange("standardize", 0, {n: ({}, scaling) for n in hub.sites}, deadline)
     return mean, std, upload_mean + upload_var

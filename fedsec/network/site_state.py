@@ -56,16 +56,20 @@ class SiteState:
                 ``rounds.plan`` (the plan's ``max_rounds`` contributions are done), or
                 ``rounds.invalid`` (a round outside [1, max_rounds]).
         """
-        if isinstance(round_index, bool) or not isinstance(round_index, int) or not 1 <= round_index <= max_rounds:
-            raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's 1..{max_rounds}")
+        if isinstance(round_index, bool) or not isinstance(round_index, int) \
+                or not 1 <= round_index <= max_rounds:
+            raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's "
+                                                  f"1..{max_rounds}")
         with transaction(self._db):
             if self._db.execute("SELECT 1 FROM contributions WHERE run_id = ? AND round = ?",
                                 (run_id, round_index)).fetchone():
-                raise PolicyRefused("rounds.replayed", f"this site already contributed to round {round_index}")
+                raise PolicyRefused("rounds.replayed",
+                                    f"this site already contributed to round {round_index}")
             done = self._db.execute("SELECT COUNT(*) FROM contributions WHERE run_id = ?",
                                     (run_id,)).fetchone()[0]
             if done >= max_rounds:
-                raise PolicyRefused("rounds.plan", f"this site has contributed the plan's {max_rounds} rounds")
+                raise PolicyRefused("rounds.plan",
+                                    f"this site has contributed the plan's {max_rounds} rounds")
             self._db.execute("INSERT INTO contributions VALUES (?, ?, ?)", (run_id, round_index, _now()))
         return done + 1
 

@@ -26,7 +26,8 @@ class Running:
     def join(self, k: int, *, policy: Path | None = None) -> subprocess.Popen:
         log = open(self.d.root / f"site-{k}.log", "w")
         self.sites[k] = subprocess.Popen(demo.join_command(self.d, k, self.port, policy=policy), stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
         return self.sites[k]
 
     def wait(self, timeout: float = TIMEOUT) -> tuple[int, str]:

@@ -60,9 +60,9 @@ def _garbage_site(d: demo.Deployment, port: int, stop: threading.Event, seen: li
 
 def _site(d: demo.Deployment, k: int, port: int, *, data, policy: SitePolicy, out) -> Site:
     s = d.sites[k]
-    return Site(address=f"127.0.0.1:{port}", paths=SitePaths(ca=d.ca, crl=None, cert=s.cert, key=s.key,
-                                                             identity=s.identity, data=data, state=d.state(k)),
-                policy=policy, server_name="coordinator", out=out)
+    paths = SitePaths(ca=d.ca, crl=None, cert=s.cert, key=s.key, identity=s.identity, data=data,
+                      state=d.state(k))
+    return Site(address=f"127.0.0.1:{port}", paths=paths, policy=policy, server_name="coordinator", out=out)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,8 @@ def test_the_garbage_site_and_the_killed_site_are_recorded(chaos):
         names[e.action].add(e.payload().get("site"))
     garbage, killed = d.sites[GARBAGE].name, d.sites[KILLED].name
     assert garbage in names["dropout"] and killed in names["dropout"]
-    reasons = {e.payload()["reason"] for e in events if e.action == "dropout" and e.payload()["site"] == garbage}
+    reasons = {e.payload()["reason"] for e in events
+               if e.action == "dropout" and e.payload()["site"] == garbage}
     assert any("malformed" in r or "size" in r or "magic" in r for r in reasons), reasons
 
 
@@ -131,8 +132,8 @@ def test_a_spent_lifetime_cap_refuses_the_next_plan_across_restarts(chaos, tmp_p
     config = load_config(plan)
     c = d.coordinator
     audit = PartyAudit(tmp_path, actor="coordinator", key=load_identity(c.identity), run_id="next")
-    hub = Hub(config=config, plan_bytes=plan.read_bytes(), trust=Trust.load(d.ca), cert_pem=c.cert.read_bytes(),
-              key_pem=c.key.read_bytes(), audit=audit, listen="127.0.0.1:0")
+    hub = Hub(config=config, plan_bytes=plan.read_bytes(), trust=Trust.load(d.ca),
+              cert_pem=c.cert.read_bytes(), key_pem=c.key.read_bytes(), audit=audit, listen="127.0.0.1:0")
     port = hub.start()
     try:
         policy = SitePolicy(max_epsilon_run=3.0, max_epsilon_lifetime=5.0)  # 3 of it spent in the run above
@@ -144,5 +145,6 @@ def test_a_spent_lifetime_cap_refuses_the_next_plan_across_restarts(chaos, tmp_p
         hub.stop()
         audit.close()
     assert hub.refused == {d.sites[0].name: "dp.max_epsilon_lifetime"}
-    ledger = json.dumps([e.payload() for e in read_events(d.state(0) / "audit.db") if e.action == "plan_refused"])
+    ledger = json.dumps([e.payload() for e in read_events(d.state(0) / "audit.db")
+                         if e.action == "plan_refused"])
     assert ledger.count("dp.max_epsilon_lifetime") == 2

@@ -11,7 +11,6 @@ import shutil
 import sqlite3
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from fedsec.audit.reconcile import reconcile_paths
 from fedsec.audit.verify import verify_log
