@@ -178,7 +178,7 @@ class MaskingSite(SiteLayer):
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
                                    update=vector, weight=weight, rng=rng,
                                    signing_key=context.identity if s.active else None, directory=directory,
-                                   policy=policy)
+                                   policy=policy, sessions=context.sessions)
 
     def _directory(self, certificates: dict[str, Any]) -> dict[int, bytes]:
         ctx, directory = self.context, {}
