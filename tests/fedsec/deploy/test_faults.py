@@ -45,17 +45,20 @@ def _garbage_site(d: demo.Deployment, port: int, stop: threading.Event, seen: li
         _, plan = envelope.decode(client.call("plan", b""))
         client.call("accept", envelope.encode({"sha256": hashlib.sha256(plan).hexdigest(), "n_train": 100,
                                                "n_test": 20, "input_shape": [30], "n_classes": 2}))
+        reply = None
         while not stop.is_set():
             try:
-                header, _ = envelope.decode(client.call("poll", b"", deadline=60.0))
+                header, _ = envelope.decode(reply or client.call("poll", b"", deadline=60.0))
+                reply = None
+                seen.append(str(header.get("kind")))
+                if header["kind"] == "done":
+                    return
+                if header["kind"] != "wait":
+                    garbage = envelope.encode({"job": header["job"], "ok": True, "noise": 0},
+                                              os.urandom(1 + len(seen) % 300))
+                    reply = client.call("answer", garbage, deadline=60.0)
             except TransportError:
                 return
-            seen.append(str(header.get("kind")))
-            if header["kind"] == "done":
-                return
-            if header["kind"] != "wait":
-                client.call("answer", envelope.encode({"job": header["job"], "ok": True, "noise": 0},
-                                                      os.urandom(1 + len(seen) % 300)))
 
 
 def _site(d: demo.Deployment, k: int, port: int, *, data, policy: SitePolicy, out) -> Site:
