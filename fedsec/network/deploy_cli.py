@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import signal
 import sys
 from pathlib import Path
 
@@ -107,6 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
     hub = Hub(config=config, plan_bytes=plan_bytes, trust=trust, cert_pem=cert.read_bytes(),
               key_pem=key.read_bytes(), audit=audit, listen=args.listen)
     code = 0
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C
     try:
         port = hub.start()
         print(f"listening {port}", flush=True)
@@ -123,10 +125,15 @@ def _serve(args: argparse.Namespace) -> int:
         audit.event("interrupted")
         code = 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         hub.stop()
         audit.close()
         staging.publish()
     return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt()
 
 
 def _join(args: argparse.Namespace) -> int:

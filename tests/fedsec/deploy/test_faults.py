@@ -151,3 +151,19 @@ def test_a_spent_lifetime_cap_refuses_the_next_plan_across_restarts(chaos, tmp_p
     ledger = json.dumps([e.payload() for e in read_events(d.state(0) / "audit.db")
                          if e.action == "plan_refused"])
     assert ledger.count("dp.max_epsilon_lifetime") == 2
+
+
+def test_sigterm_stops_a_site_with_0_and_the_coordinator_with_130_state_flushed(tmp_path):
+    d = demo.prepare(tmp_path / "d", 3, rounds=2)
+    with federation(d) as running:
+        site = running.join(0)
+        wait_for_event(d.state(0) / "audit.db", "plan_accepted", None)
+        site.send_signal(signal.SIGTERM)
+        assert site.wait(timeout=60) == 0
+        running.coordinator.send_signal(signal.SIGTERM)
+        assert running.coordinator.wait(timeout=60) == 130
+    events = read_events(d.state(0) / "audit.db")
+    assert events[-1].action == "disconnect" and events[-1].payload() == {"reason": "SIGTERM"}
+    coordinator = read_events(d.run_dir / "audit.db")
+    assert [e.action for e in coordinator][-1] == "interrupted"
+    assert any(e.action == "site_joined" for e in coordinator)
