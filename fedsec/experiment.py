@@ -92,7 +92,6 @@ def build_experiment(
         seed=int(rng.integers(0, 2**63 - 1)),
     )
     protocol = build_protocol(config, data, rng)
-    secure_layer = protocol  # the evaluation sums go through it, not through the DP or robust wrappers
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -116,9 +115,9 @@ def build_experiment(
     extra = [privacy.budget] if privacy is not None else []
     evaluator = None
     if d.dataset == "csv":
-        from fedsec.site_data import build_evaluator
+        from fedsec.site_data import build_evaluator, evaluation_protocol
 
-        evaluator = build_evaluator(config, data, secure_layer)
+        evaluator = build_evaluator(config, data, evaluation_protocol(config, data))
         extra.append(evaluator)
     server = fl_core.FederatedServer(
         model=model,

@@ -157,3 +157,21 @@ def test_a_bad_file_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, r
     assert str(paths[1].resolve()) in err and f"row {row}" in err and f"column {column!r}" in err
     assert words in err
     assert not out.exists()
+
+
+def test_evaluation_never_moves_the_training_draws(tmp_path):
+    """The evaluation layer has its own generator: the model trajectory with evaluation equals the
+    one without (masking and DP-SGD, reproducible noise)."""
+    from fedsec.fl_core.federated_eval import FederatedEvaluator
+
+    write_shards(tmp_path)
+    config = load_config(plan(tmp_path), ["dp.reproducible=true", "rounds=2"])
+    with_eval = build_experiment(config)
+    evaluated = with_eval.server.run()
+    without = build_experiment(config)
+    without.server.evaluator = None
+    without.server.observers = [o for o in without.server.observers
+                                if not isinstance(o, FederatedEvaluator)]
+    plain = without.server.run()
+    np.testing.assert_array_equal(evaluated.vector, plain.vector)
+    assert [r.metrics["eval_sites"] for r in evaluated.records] == [4, 4]
