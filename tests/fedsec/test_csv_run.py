@@ -210,3 +210,12 @@ def test_the_documented_csv_example_loads_and_runs(tmp_path):
     assert config.data.columns == ("mean_radius", "mean_texture", "worst_area")
     result = build_experiment(config).server.run()
     assert result.records[0].metrics["eval_sites"] == 4
+
+
+def test_files_given_with_set_are_taken_from_the_working_directory(tmp_path, monkeypatch):
+    write_shards(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["data.dataset=csv", 'data.files=["site0.csv", "site1.csv", "site2.csv"]',
+                                f"data.label={LABEL}", "data.classes=[0, 1]"])
+    assert config.data.files[2] == str((tmp_path / "site2.csv").resolve())
+    assert config.data.clients == 3
