@@ -259,11 +259,10 @@ def read_site_csv(path: str | Path, schema: CsvSchema) -> tuple[ArrayDataset, tu
                 ys.append(_labels(path, cells, numbers, label_at, schema))
     except OSError as error:
         raise SiteDataError(path, f"cannot be read ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise SiteDataError(path, f"is not UTF-8 text (byte {error.start} of the failing "
-                                  f"block)") from None
+    except UnicodeDecodeError:
+        raise SiteDataError(path, "is not UTF-8 text (save it as CSV UTF-8)") from None
     except csv.Error as error:
-        raise SiteDataError(path, f"is not valid CSV ({error})") from None
+        raise SiteDataError(path, f"is not valid CSV near line {rows.line_num} ({error})") from None
     if not xs:
         raise SiteDataError(path, "holds a header but no data rows")
     return ArrayDataset(np.concatenate(xs), np.concatenate(ys)), features
