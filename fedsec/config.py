@@ -403,11 +403,12 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     for text in overrides:
         key, value = parse_override(text)
         values[key] = value
-    return make_config(values)
+    return make_config(_files_beside(values, Path.cwd()))
 
 
 def _files_beside(values: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``data.files`` of a TOML file: relative paths are taken from the file's folder."""
+    """``data.files`` with relative paths taken from ``folder`` (the TOML file's; the working
+    directory's for ``--set``), so config.toml in a run directory names absolute paths."""
     files = values.get("data.files")
     if isinstance(files, list) and all(isinstance(f, str) for f in files):
         values["data.files"] = [f if not f or Path(f).is_absolute() else str((folder / f).resolve())
