@@ -218,12 +218,13 @@ class BoostingConfig:
 class FederationConfig:
     """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
 
-    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; site i is "
-                            "client i, so its length is data.clients)",
-                        lambda v: all(isinstance(s, str) and s for s in v) and len(set(v)) == len(v))
-    server: str = _opt("coordinator", "the coordinator's certificate name",
-                       lambda v: bool(v))
-    min_sites: int = _opt(3, "an integer >= 2 (the fewest sites a round may run with)",
+    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; "
+                                      "site i is client i, so its length is data.clients)",
+                                  lambda v: all(isinstance(s, str) and s for s in v)
+                                  and len(set(v)) == len(v))
+    server: str = _opt("coordinator", "the coordinator's certificate name", lambda v: bool(v))
+    min_sites: int = _opt(3, "an integer >= 2 (the fewest sites that must accept the plan before "
+                             "round 1; each site's policy checks it against aggregation.min_sites)",
                           lambda v: v >= 2)
     stage_timeout: float = _opt(60.0, "a number > 0 (seconds a site has to answer one stage; a "
                                       "site that misses it is a dropout for that round)",
