@@ -408,7 +408,8 @@ class PerExampleClipper:
             term, saved = layer_norms(layer, a, d)
             squared = term if squared is None else squared + term
             kept.append(saved)
-        scale = (self.max_grad_norm * torch.rsqrt(squared + 1e-24)).clamp_(max=1.0)
+        # min(1, C / ||g_i||) = 1 / sqrt(max(1, ||g_i||^2 / C^2)), 1 for a zero gradient
+        scale = squared.mul_(1.0 / self.max_grad_norm ** 2).clamp_(min=1.0).rsqrt_()
         grads: dict[int, torch.Tensor] = {}
         for (layer, a, _), d, saved in zip(records, grads_out, kept, strict=True):
             grads.update(layer_clipped_sum(layer, a, d, saved, scale))
@@ -439,6 +440,26 @@ EXPLICIT_BYTES = 64 * 2**20
 it the ghost norm is used whatever the arithmetic says."""
 
 
+_UNFOLD_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def unfold(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """``F.unfold(a, kernel, padding, stride)`` of a [B, C, H, W] input, [B, C kh kw, P], as one
+    gather from the zero-padded input with a cached index (two to three times faster than
+    ``F.unfold``'s im2col at the small images here; tests check the two are equal)."""
+    ph, pw = layer.padding
+    b, c, h, w = a.shape
+    key = (c, h, w, layer.kernel_size, layer.padding, layer.stride, a.device)
+    index = _UNFOLD_INDEX.get(key)
+    if index is None:
+        positions = torch.arange(c * (h + 2 * ph) * (w + 2 * pw), dtype=torch.float64)
+        positions = positions.view(1, c, h + 2 * ph, w + 2 * pw)
+        index = F.unfold(positions, layer.kernel_size, stride=layer.stride).round().long().view(-1)
+        index = _UNFOLD_INDEX[key] = index.to(a.device)
+    padded = F.pad(a, (pw, pw, ph, ph)).flatten(1)
+    return padded.index_select(1, index).view(b, c * layer.kernel_size[0] * layer.kernel_size[1], -1)
+
+
 def conv_method(layer: nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> str:
     """How the per-example norms of convolution ``layer`` are computed for input ``a`` and output
     gradient ``d``, whichever costs fewer multiply-adds per example (mixed ghost clipping, Bu et
@@ -462,17 +483,16 @@ def layer_norms(layer: nn.Module, a: torch.Tensor, d: torch.Tensor
     :func:`conv_method`; the explicit method keeps the per-example gradients [B, C_out, K]."""
     if isinstance(layer, nn.Linear):
         d_sq = torch.linalg.vecdot(d, d)
-        term = torch.linalg.vecdot(a, a) * d_sq
-        return (term + d_sq if layer.bias is not None else term), None
+        a_sq = torch.linalg.vecdot(a, a)
+        return (torch.addcmul(d_sq, a_sq, d_sq) if layer.bias is not None else a_sq * d_sq), None
     flat = d.flatten(2)
     method = conv_method(layer, a, d)
     saved = None
+    cols = unfold(layer, a)
     if method == "explicit":
-        cols = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
         saved = torch.bmm(flat, cols.transpose(1, 2))
-        term = saved.flatten(1).pow(2).sum(1)
+        term = torch.linalg.vecdot(saved.flatten(1), saved.flatten(1))
     else:
-        cols = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
         gram = torch.bmm(cols.transpose(1, 2), cols)
         term = (gram * torch.bmm(flat.transpose(1, 2), flat)).flatten(1).sum(1)
     if layer.bias is not None:
