@@ -141,8 +141,9 @@ def epsilon_for_delta(infinity_mass: float, lower_loss: int, discretisation: flo
         losses = np.cumsum(steps)
         loss = float(losses[-1])
         upper = np.cumsum(np.concatenate(([mass_upper], part)))  # [k]: before element k
-        lower = np.cumsum(np.concatenate(([mass_lower], np.exp(-losses) * part)))
-        with np.errstate(divide="ignore", invalid="ignore"):
+        # entries past the stopping point may overflow; they are never read
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            lower = np.cumsum(np.concatenate(([mass_lower], np.exp(-losses) * part)))
             stop = (upper[:-1] > delta) & (lower[:-1] > 0) & (
                 np.log((upper[:-1] - delta) / lower[:-1]) >= losses)
         first = int(np.argmax(stop)) if stop.any() else part.size
