@@ -41,7 +41,7 @@ TAIL_MASS = 1e-15
 """The tail mass dp-accounting's ``self_compose`` may truncate (its default)."""
 EXACT_EVERY = 128
 """Advances of the running power between exact recomputations of F^T."""
-HEADROOM = 1.5
+HEADROOM = 1.15
 """The FFT grid is this many times the window it must hold when it is (re)built, so that a window
 growing like sqrt(T) rebuilds it rarely."""
 CACHE_SIZE = 24
