@@ -45,7 +45,11 @@ HEADROOM = 1.15
 """The FFT grid is this many times the window it must hold when it is (re)built, so that a window
 growing like sqrt(T) rebuilds it rarely."""
 CACHE_SIZE = 24
-"""Engines kept (one per sigma, q, discretisation; least recently used dropped)."""
+"""Engines kept at most (one per sigma, q, discretisation; least recently used dropped)."""
+CACHE_BYTES = 256 * 2**20
+"""Memory the kept engines may hold (their spectra and powers); least recently used dropped
+first, the one in use always kept. A calibration's bisection over sigma would otherwise keep
+a fine grid for every sigma it tried."""
 
 
 def _orders(size: int) -> np.ndarray:
@@ -72,6 +76,11 @@ class _RunningPMF:
         self.size, self.spectrum, self.power = 0, None, None
         self.increment: tuple[int, np.ndarray] | None = None
         self.steps, self.advances = 0, 0
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.probs, self.spectrum, self.power, self.increment[1] if self.increment else None)
+        return sum(a.nbytes for a in arrays if a is not None)
 
     def bounds(self, steps: int) -> tuple[int, int]:
         """``common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)`` from cached moments."""
@@ -175,6 +184,11 @@ class RunningPLD:
         self.remove = _RunningPMF(pld._pmf_remove)
         self.add = None if pld._symmetric else _RunningPMF(pld._pmf_add)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached arrays."""
+        return sum(pmf.nbytes for pmf in (self.remove, self.add) if pmf is not None)
+
     def epsilon(self, steps: int, delta: float) -> float:
         """Epsilon at ``delta`` after ``steps`` >= 1 steps (the larger over both neighbour
         directions, as dp-accounting's ``get_epsilon_for_delta``)."""
@@ -194,7 +208,9 @@ def running_epsilon(noise_multiplier: float, sample_rate: float, steps: int, del
         engine = RunningPLD(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                             discretisation=discretisation)
     _ENGINES[key] = engine
-    while len(_ENGINES) > CACHE_SIZE:
+    value = engine.epsilon(steps, delta)
+    while len(_ENGINES) > 1 and (len(_ENGINES) > CACHE_SIZE
+                                 or sum(e.nbytes for e in _ENGINES.values()) > CACHE_BYTES):
         _ENGINES.popitem(last=False)
-    return engine.epsilon(steps, delta)
+    return value
 

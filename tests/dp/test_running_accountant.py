@@ -127,3 +127,17 @@ def test_a_budget_reports_the_from_scratch_epsilon_every_round():
             assert record.metrics["epsilon"] == pytest.approx(
                 pld.epsilon(ledger, DELTA, from_scratch=True), abs=1e-6, rel=0)
             assert record.metrics["epsilon_rdp"] == rdp.epsilon(ledger, DELTA, from_scratch=True)
+
+
+def test_the_engine_cache_stays_within_its_memory(monkeypatch):
+    """A calibration tries many sigmas: the cache drops the least recently used engines once they
+    hold more than CACHE_BYTES, and still answers exactly."""
+    pld_running._ENGINES.clear()
+    monkeypatch.setattr(pld_running, "CACHE_BYTES", 2 * 2**20)
+    for sigma in (0.9, 1.1, 1.3, 1.7, 2.3):
+        value = pld_running.running_epsilon(sigma, 0.1, 300, DELTA, 1e-4)
+        assert sum(e.nbytes for e in pld_running._ENGINES.values()) <= 2 * 2**20 or len(
+            pld_running._ENGINES) == 1
+    assert list(pld_running._ENGINES)[-1] == (2.3, 0.1, 1e-4)
+    direct = pld_lib.from_gaussian_mechanism(2.3, value_discretization_interval=1e-4, sampling_prob=0.1)
+    assert value == pytest.approx(direct.self_compose(300).get_epsilon_for_delta(DELTA), abs=1e-9, rel=0)
