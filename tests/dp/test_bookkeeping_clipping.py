@@ -119,3 +119,27 @@ def test_a_zero_gradient_is_kept_at_scale_one_not_nan():
     got, _ = PerExampleClipper(model, max_grad_norm=0.5)._fast(x, y, _loss)
     assert all(torch.isfinite(g).all() for g in got)
     _close(got, naive_clipped_sum(model, x[:1], y[:1], 0.5, _loss))  # the dead ones add zero
+
+
+@given(case=conv_models(), scale=st.sampled_from([1.0, 1e2, 1e4, 1e6]), target=st.integers(0, 2),
+       index=st.integers(0, 8))
+@settings(max_examples=15)
+def test_an_adversarial_record_moves_the_clipped_sum_by_at_most_c(case, scale, target, index):
+    """Adversary: one record chosen to have the largest pull (inputs scaled up to 1e6, any label).
+    Adding it to a batch (the neighbouring relation of DP-SGD) moves the fast path's clipped sum
+    by at most C in L2 norm over all parameters."""
+    *shape, bound, seed = case
+    model, x, y = _build(*shape, seed)
+    index = index % x.shape[0]
+    evil_x, evil_y = x.clone(), y.clone()
+    evil_x[index] = evil_x[index] * scale
+    evil_y[index] = target
+    rest = [i for i in range(x.shape[0]) if i != index]
+    clipper = PerExampleClipper(model, max_grad_norm=bound)
+    with_record, _ = clipper._fast(evil_x, evil_y, _loss)
+    if rest:
+        without, _ = clipper._fast(x[rest], y[rest], _loss)
+    else:
+        without = [torch.zeros_like(g) for g in with_record]
+    moved = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(with_record, without, strict=True)))
+    assert float(moved) <= bound * (1 + 1e-4) + 1e-6
