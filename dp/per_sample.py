@@ -205,8 +205,8 @@ class PerExampleClipper:
                 return self._loop(x, y, loss_fn)  # exact; the probe waits for two examples
             index = spread_indices(int(x.shape[0]), np.random.default_rng(0))
             self.probe(x[index], y[index], loss_fn)
-        path = {"fast": self._fast, "opacus": self._opacus, "vmap": self._vmap,
-                "loop": self._loop}[self.mode]
+        path = self._fast if self.mode == "fast" else {
+            "opacus": self._opacus, "vmap": self._vmap, "loop": self._loop}[self.mode]
         try:
             result = path(x, y, loss_fn)
         except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as error:

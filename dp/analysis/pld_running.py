@@ -120,7 +120,10 @@ class _RunningPMF:
             self.spectrum = fft.rfft(self.probs, self.size)
             self.power, self.increment = None, None
         values = fft.irfft(self._power_to(steps), self.size)
-        window = np.take(values, np.arange(lower, lower + length) % self.size)
+        if lower + length <= self.size:  # the window lies inside the grid: a view
+            window = values[lower:lower + length]
+        else:
+            window = np.take(values, np.arange(lower, lower + length) % self.size)
         infinity = TAIL_MASS - math.expm1(steps * math.log1p(-self.infinity_mass))
         return self.lower_loss * steps + lower, window, infinity
 
