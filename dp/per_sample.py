@@ -8,12 +8,14 @@ layers' outputs (no weight gradients), and the per-example norms come from those
 
 - Linear: ||g_i||^2 = ||a_i||^2 ||d_i||^2 + ||d_i||^2 (weight and bias), a closed form, so a
   logistic regression costs about one plain step;
-- Conv2d: with the unfolded input A_i (K x P) and output gradient D_i (C x P), either the
-  per-example gradient D_i A_i^T when C K <= P^2, or the "ghost" norm
-  sum((A_i^T A_i) * (D_i^T D_i)) otherwise.
+- Conv2d: with the unfolded input A_i (K x P, :func:`unfold`) and output gradient D_i (C x P),
+  either the per-example gradient D_i A_i^T, kept for the clipped sum, or the "ghost" norm
+  sum((A_i^T A_i) * (D_i^T D_i)), whichever costs fewer multiply-adds (:func:`conv_method`;
+  mixed ghost clipping, Bu et al. 2022).
 
-The clipped sum is then one matrix product per layer, sum_i c_i D_i A_i^T with
-c_i = min(1, C / ||g_i||). The closed forms hold for a parameter of one layer only: a parameter
+The clipped sum is then one weighted product per layer, sum_i c_i D_i A_i^T with
+c_i = min(1, C / ||g_i||) (book-keeping, Bu et al. 2023: no second backward pass). The closed
+forms hold for a parameter of one layer only: a parameter
 shared by two modules (tied embeddings, tied layers) has a per-example gradient that is the sum of
 both layers' terms, whose norm has cross terms, so such a model, like a layer run twice, takes the
 Opacus path, which accumulates each parameter's per-sample gradient over every module using it.
