@@ -15,10 +15,10 @@ layers' outputs (no weight gradients), and the per-example norms come from those
 
 The clipped sum is then one weighted product per layer, sum_i c_i D_i A_i^T with
 c_i = min(1, C / ||g_i||) (book-keeping, Bu et al. 2023: no second backward pass). The closed
-forms hold for a parameter of one layer only: a parameter
-shared by two modules (tied embeddings, tied layers) has a per-example gradient that is the sum of
-both layers' terms, whose norm has cross terms, so such a model, like a layer run twice, takes the
-Opacus path, which accumulates each parameter's per-sample gradient over every module using it.
+forms hold for a parameter of one layer only: a parameter shared by two modules (tied
+embeddings, tied layers) has a per-example gradient that is the sum of both layers' terms, whose
+norm has cross terms, so such a model, like a layer run twice, takes the Opacus path, which
+accumulates each parameter's per-sample gradient over every module using it.
 Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode),
 after Opacus' ``ModuleValidator`` has refused what DP-SGD cannot train (batch normalisation and
 the like) with its own message.
