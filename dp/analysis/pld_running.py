@@ -73,13 +73,17 @@ class _RunningPMF:
         grid = np.arange(self.probs.size)
         self.log_mgfs = [(float(order), float(special.logsumexp(grid * order, b=self.probs)))
                          for order in orders]
-        self.size, self.spectrum, self.power = 0, None, None
-        self.increment: tuple[int, np.ndarray] | None = None
-        self.steps, self.advances = 0, 0
+        # Each piece of state is one attribute holding a tuple, replaced whole, so that an
+        # interrupt (Ctrl-C between two bytecodes) leaves the old state or the new one, never a
+        # power that does not match its step count.
+        self.grid: tuple[int, np.ndarray | None] = (0, None)  # (N, F)
+        self.state: tuple[int, int, np.ndarray] | None = None  # (T, advances, F^T) on this grid
+        self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.probs, self.spectrum, self.power, self.increment[1] if self.increment else None)
+        arrays = (self.probs, self.grid[1], self.state[2] if self.state else None,
+                  self.increment[2] if self.increment else None)
         return sum(a.nbytes for a in arrays if a is not None)
 
     def bounds(self, steps: int) -> tuple[int, int]:
@@ -97,17 +101,21 @@ class _RunningPMF:
 
     def _power_to(self, steps: int) -> np.ndarray:
         """F^steps, advanced from the last call's power when steps grew (module docstring)."""
-        grow = steps - self.steps
-        if self.power is not None and grow >= 0 and self.advances < EXACT_EVERY:
-            if grow:
-                if self.increment is None or self.increment[0] != grow:
-                    self.increment = (grow, self.spectrum ** grow)
-                self.power = self.power * self.increment[1]
-                self.advances += 1
+        size, spectrum = self.grid
+        state = self.state
+        if state is not None and state[2].size == spectrum.size and steps >= state[0] \
+                and state[1] < EXACT_EVERY:
+            grow = steps - state[0]
+            if not grow:
+                return state[2]
+            increment = self.increment
+            if increment is None or increment[:2] != (size, grow):
+                increment = self.increment = (size, grow, spectrum ** grow)
+            power, advances = state[2] * increment[2], state[1] + 1
         else:
-            self.power, self.advances = self.spectrum ** steps, 0
-        self.steps = steps
-        return self.power
+            power, advances = spectrum ** steps, 0
+        self.state = (steps, advances, power)
+        return power
 
     def composed(self, steps: int) -> tuple[int, np.ndarray, float]:
         """(lower loss index, probabilities, infinity mass) of ``steps`` self-compositions, as
@@ -115,15 +123,15 @@ class _RunningPMF:
         lower, upper = self.bounds(steps)
         length = upper - lower + 1
         needed = max(length, self.probs.size)
-        if needed > self.size:
-            self.size = fft.next_fast_len(int(HEADROOM * needed), real=True)
-            self.spectrum = fft.rfft(self.probs, self.size)
-            self.power, self.increment = None, None
-        values = fft.irfft(self._power_to(steps), self.size)
-        if lower + length <= self.size:  # the window lies inside the grid: a view
+        if needed > self.grid[0]:
+            size = fft.next_fast_len(int(HEADROOM * needed), real=True)
+            self.grid = (size, fft.rfft(self.probs, size))
+        size = self.grid[0]
+        values = fft.irfft(self._power_to(steps), size)
+        if lower + length <= size:  # the window lies inside the grid: a view
             window = values[lower:lower + length]
         else:
-            window = np.take(values, np.arange(lower, lower + length) % self.size)
+            window = np.take(values, np.arange(lower, lower + length) % size)
         infinity = TAIL_MASS - math.expm1(steps * math.log1p(-self.infinity_mass))
         return self.lower_loss * steps + lower, window, infinity
 
