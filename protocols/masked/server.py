@@ -22,6 +22,7 @@ cannot cancel, and the round aborts before anyone reveals a share.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class _Round:
     signatures: dict[int, bytes] = field(default_factory=dict)
     rejected: dict[int, str] = field(default_factory=dict)
     misbehaved: dict[int, str] = field(default_factory=dict)
+    profile: dict[str, float] = field(default_factory=dict)
 
     @property
     def threshold(self) -> int:
@@ -324,6 +326,13 @@ class _Unmask(_Stage):
             slot[x] = share
 
     def _secret(self, owner: int, kind: int) -> bytes:
+        start = time.perf_counter()
+        try:
+            return self._rebuild(owner, kind)
+        finally:
+            self.r.profile["secrets"] = self.r.profile.get("secrets", 0.0) + time.perf_counter() - start
+
+    def _rebuild(self, owner: int, kind: int) -> bytes:
         points = self.shares.get((owner, kind), {})
         if len(points) < self.r.threshold:
             raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
@@ -359,10 +368,14 @@ class _Unmask(_Stage):
         assert r.total is not None
         # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
         # workers only makes them wait; the expansion then runs on all cores.
+        start = time.perf_counter()
         terms = list(self._mask_terms())
+        derived = time.perf_counter()
         correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
+        r.profile["keys"] = derived - start - r.profile.get("secrets", 0.0)
+        r.profile["masks"] = time.perf_counter() - derived
         return None
 
 
@@ -443,6 +456,13 @@ class MaskedServer:
         count as non-signers / non-answerers and stay in the sum); an unmask share that did not
         match its commitment (left out of the reconstruction)."""
         return dict(self._round.misbehaved)
+
+    @property
+    def profile(self) -> dict[str, float]:
+        """Seconds of the unmask stage's close spent rebuilding secrets from shares (``secrets``),
+        deriving the mask keys (``keys``: key agreement and HKDF) and regenerating the masks into
+        the total (``masks``: AES-CTR and the additions); empty before the round completes."""
+        return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:
         """Messages of the current stage, by recipient."""
