@@ -59,6 +59,25 @@ def share_hash(session: bytes, round_index: int, owner: int, x: int, kind: int, 
         session, round_index, owner, x, kind) + share).digest()
 
 
+class ShareHasher:
+    """:func:`share_hash` for the many shares of one (session, round) a server checks: each owner's
+    prefix (label, session, round, owner) is built once."""
+
+    _TAIL = struct.Struct(">QQ")
+
+    def __init__(self, session: bytes, round_index: int) -> None:
+        self.session, self.round_index = session, round_index
+        self._prefixes: dict[int, bytes] = {}
+
+    def digest(self, owner: int, x: int, kind: int, share: bytes) -> bytes:
+        """Equal to ``share_hash(session, round_index, owner, x, kind, share)``."""
+        prefix = self._prefixes.get(owner)
+        if prefix is None:
+            prefix = self._prefixes[owner] = b"fedsec/secagg/v1/share" + crypto.context_bytes(
+                self.session, self.round_index, owner, 0, 0)[:-self._TAIL.size]
+        return hashlib.sha256(prefix + self._TAIL.pack(x, kind) + share).digest()
+
+
 def commitment_digest(hashes: bytes) -> bytes:
     """The 32-byte commitment bound into the signed key entry: SHA-256 of all share hashes."""
     return hashlib.sha256(b"fedsec/secagg/v1/share-commitments" + hashes).digest()

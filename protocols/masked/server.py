@@ -30,18 +30,20 @@ from dataclasses import dataclass, field
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.framing import KeyListBodies, UnmaskRequestBodies, body_bytes, frame
 from fedsec.protocols.masked.graph import RingGraph
 from fedsec.protocols.masked.keys import (
     COMMITMENT_BYTES,
+    ShareHasher,
     attestation_message,
     commitment_digest,
     consistency_message,
     key_message,
     mask_key,
     self_mask_key,
-    share_hash,
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.protocols.masked.routing import BundleRouter
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
@@ -62,7 +64,9 @@ class _Round:
     quorum: int
     digest: bytes
     keys: dict[int, m.KeyEntry] = field(default_factory=dict)
-    sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    shared: frozenset[int] = frozenset()
+    """The clients whose share bundles were taken (each addressed every neighbour in ``keys``)."""
+    router: BundleRouter | None = None
     commitments: dict[int, bytes] = field(default_factory=dict)
     attestations: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     partners: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -78,8 +82,9 @@ class _Round:
     def threshold(self) -> int:
         return self.params.threshold
 
-    def message(self, recipient: int, body: m.Body) -> bytes:
-        return m.encode(m.Header(0, self.session, self.round_index, m.SERVER, recipient), body)
+    def message(self, recipient: int, kind: int, body: bytes | list[bytes]) -> bytes:
+        """The server's message of ``kind`` to ``recipient`` with the serialised ``body``."""
+        return frame(kind, self.session, self.round_index, recipient, body)
 
     def require(self, clients: int, stage: str) -> None:
         if clients < self.threshold:
@@ -118,7 +123,8 @@ class _AdvertiseKeys(_Stage):
     expects, name = m.AdvertiseKeys, "advertise keys"
 
     def outgoing(self) -> dict[int, bytes]:
-        return {c: self.r.message(c, self.r.params) for c in self.members}
+        body = body_bytes(self.r.params)  # one ring for everybody: serialised once
+        return {c: self.r.message(c, m.SessionParams.KIND, body) for c in self.members}
 
     def accept(self, sender: int, body: m.AdvertiseKeys) -> None:
         e = body.entry
@@ -154,13 +160,16 @@ class _AdvertiseKeys(_Stage):
 class _ShareKeys(_Stage):
     expects, name = m.ShareKeys, "share keys"
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.recipients: dict[int, list[int]] = {}
+
     def outgoing(self) -> dict[int, bytes]:
-        out = {}
-        for c in self.members:
-            entries = (self.r.keys[c],) + tuple(self.r.keys[v] for v in self.r.graph.neighbours(c)
-                                                if v in self.r.keys)
-            out[c] = self.r.message(c, m.KeyList(entries))
-        return out
+        keys, graph = self.r.keys, self.r.graph
+        bodies = KeyListBodies(keys)  # each entry goes to k + 1 clients: packed once
+        return {c: self.r.message(c, m.KeyList.KIND,
+                                  bodies.body([c, *(v for v in graph.neighbours(c) if v in keys)]))
+                for c in self.members}
 
     def accept(self, sender: int, body: m.ShareKeys) -> None:
         recipients = [v for v, _ in body.sealed]
@@ -171,12 +180,18 @@ class _ShareKeys(_Stage):
         if (len(body.commitments) != size
                 or commitment_digest(body.commitments) != self.r.keys[sender].commitment):
             raise MalformedMessage("share commitments do not match the advertised digest")
+        self.recipients[sender] = recipients
 
     def close(self) -> _Stage:
-        for c, body in self.answers.items():
-            self.r.sealed[c] = dict(body.sealed)
+        router = BundleRouter(self.r.graph)
+        for c in sorted(self.answers):
+            body = self.answers[c]
+            router.add(c, np.array(self.recipients[c], dtype=np.uint64),
+                       b"".join([blob for _, blob in body.sealed]))
             self.r.commitments[c] = body.commitments
         self.r.require(len(self.answers), self.name)
+        router.seal()
+        self.r.router, self.r.shared = router, frozenset(self.answers)
         return _MaskedInput(self.r, tuple(sorted(self.answers)))
 
 
@@ -184,20 +199,17 @@ class _MaskedInput(_Stage):
     expects, name = m.MaskedInput, "masked input"
 
     def outgoing(self) -> dict[int, bytes]:
-        out = {}
-        sealed = self.r.sealed
-        for c in self.members:
-            bundles = tuple((v, sealed[v][c]) for v in self.r.graph.neighbours(c)
-                            if v in sealed and c in sealed[v])
-            out[c] = self.r.message(c, m.ForwardedShares(bundles))
-        return out
+        router = self.r.router
+        assert router is not None
+        return {c: self.r.message(c, m.ForwardedShares.KIND, router.body(c)) for c in self.members}
 
     def accept(self, sender: int, body: m.MaskedInput) -> None:
         try:
             words = self.r.encoder.from_bytes(body.words, self.r.params.length + 2)
         except SecAggError:
             raise MalformedMessage("masked input has the wrong size or range") from None
-        if words.size and int(words.max()) >> self.r.encoder.modulus_bits:
+        if (self.r.encoder.modulus_bits < 8 * words.itemsize and words.size
+                and int(words.max()) >> self.r.encoder.modulus_bits):
             raise MalformedMessage("masked input has a word outside the modulus")
         partners = self._partners(sender, body.partners)
         if self.r.params.active:
@@ -225,8 +237,8 @@ class _MaskedInput(_Stage):
             raise MalformedMessage("partner attestation sets a bit beyond the degree")
         neighbours = graph.neighbours(sender)
         partners = frozenset(neighbours[i] for i in np.flatnonzero(flags[:k]).tolist())
-        if len(partners) < self.r.threshold or any(
-                sender not in self.r.sealed.get(v, ()) for v in partners):
+        # A partner in ``shared`` addressed a bundle to every neighbour in ``keys``, the sender too.
+        if len(partners) < self.r.threshold or not partners <= self.r.shared:
             raise MalformedMessage("partner attestation names fewer than t partners or one whose "
                                    "bundle it was never sent")
         return partners
@@ -249,15 +261,20 @@ class _Consistency(_Stage):
     expects, name = m.ConsistencySignature, "consistency check"
     in_sum = True
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.statement: bytes | None = None
+
     def outgoing(self) -> dict[int, bytes]:
-        request = m.ConsistencyRequest(self.r.survivors)
-        return {c: self.r.message(c, request) for c in self.members}
+        body = body_bytes(m.ConsistencyRequest(self.r.survivors))
+        return {c: self.r.message(c, m.ConsistencyRequest.KIND, body) for c in self.members}
 
     def accept(self, sender: int, body: m.ConsistencySignature) -> None:
+        if self.statement is None:  # one list for everybody: serialised once
+            self.statement = consistency_message(self.r.session, self.r.round_index, self.r.survivors,
+                                                 params=self.r.digest)
         try:
-            crypto.verify(self.r.directory[sender], body.signature,
-                          consistency_message(self.r.session, self.r.round_index, self.r.survivors,
-                                              params=self.r.digest))
+            crypto.verify(self.r.directory[sender], body.signature, self.statement)
         except CryptoError:
             raise MalformedMessage("survivor signature does not verify") from None
 
@@ -288,19 +305,36 @@ class _Unmask(_Stage):
         self.asked: dict[int, dict[int, int]] = {
             c: {v: m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY for v in r.partners[c]}
             for c in members}
-        self.shares: dict[tuple[int, int], dict[int, int]] = {}
+        self.hasher = ShareHasher(r.session, r.round_index)
+        # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
+        self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._committed: tuple[np.ndarray, np.ndarray] | None = None
+        self._points: tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray] | None = None
 
     def outgoing(self) -> dict[int, bytes]:
+        r = self.r
+        # Every survivor gets the same signatures and many the same attestations: packed once.
+        bodies = UnmaskRequestBodies(sorted(r.signatures.items()), r.attestations)
         out = {}
         for c in self.members:
             ask = self.asked[c]
-            alive = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_SEED)
-            dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
-            sigs = tuple(sorted(self.r.signatures.items()))
-            attestations = tuple((v, *self.r.attestations[v]) for v in alive
-                                 if self.r.params.active and v not in self.r.signatures)
-            out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs, attestations))
+            alive = sorted(v for v, kind in ask.items() if kind == m.SHARE_OF_SEED)
+            dropped = sorted(v for v, kind in ask.items() if kind == m.SHARE_OF_MASK_KEY)
+            attested = [v for v in alive if v not in r.signatures] if r.params.active else []
+            out[c] = r.message(c, m.UnmaskRequest.KIND, bodies.body(alive, dropped, attested))
         return out
+
+    def _commitments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every owner's share hashes as one (owners, 2k, 32) byte array, and the row of each
+        ring index (-1 for a client that shared nothing)."""
+        if self._committed is None:
+            r = self.r
+            owners = sorted(r.commitments)
+            rows = np.full(len(r.graph.ring), -1, dtype=np.int64)
+            rows[r.graph.positions(np.array(owners, dtype=np.uint64))] = np.arange(len(owners))
+            table = np.frombuffer(b"".join([r.commitments[o] for o in owners]), dtype=np.uint8)
+            self._committed = table.reshape(len(owners), -1, COMMITMENT_BYTES), rows
+        return self._committed
 
     def accept(self, sender: int, body: m.UnmaskResponse) -> None:
         ask = self.asked[sender]
@@ -312,70 +346,95 @@ class _Unmask(_Stage):
         if max((share for _, _, share in shares), default=b"") >= _PRIME_BYTES:  # fixed-width BE
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        r, store = self.r, self.shares
-        hashes = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES
-        for owner, kind, share in shares:
-            x = r.graph.x_of(owner, sender)
-            committed = r.commitments[owner][(x - 1) * hashes + kind * COMMITMENT_BYTES:][:COMMITMENT_BYTES]
-            if share_hash(r.session, r.round_index, owner, x, kind, share) != committed:
-                r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
-                continue
-            slot = store.get((owner, kind))
-            if slot is None:
-                slot = store[(owner, kind)] = {}
-            slot[x] = share
+        if not shares:
+            return
+        r = self.r
+        graph, digest = r.graph, self.hasher.digest
+        at = graph.positions(np.array(owners, dtype=np.uint64))
+        kinds = np.fromiter((k for _, k, _ in shares), dtype=np.int64, count=len(shares))
+        xs = graph.x_at(at, graph.position(sender))
+        hashes = b"".join([digest(o, x, k, share)
+                           for (o, k, share), x in zip(shares, xs.tolist(), strict=True)])
+        table, rows = self._commitments()
+        committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kinds]
+        good = (np.frombuffer(hashes, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES) == committed).all(axis=1)
+        if not good.all():
+            owner = owners[int(np.flatnonzero(~good)[-1])]
+            r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+        values = np.frombuffer(b"".join([share for _, _, share in shares]), dtype=np.uint8)
+        self.taken.append((at[good], kinds[good], xs[good], values.reshape(-1, shamir.SHARE_BYTES)[good]))
+
+    def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
+        """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
+        slice, and the sorted x-coordinates and share bytes."""
+        if self._points is None:
+            if self.taken:
+                at, kinds, xs, values = (np.concatenate(part) for part in zip(*self.taken, strict=True))
+            else:
+                at = kinds = xs = np.empty(0, dtype=np.int64)
+                values = np.empty((0, shamir.SHARE_BYTES), dtype=np.uint8)
+            key = at * 2 + kinds
+            order = np.lexsort((xs, key))
+            key, xs, values = key[order], xs[order], values[order]
+            bounds = np.flatnonzero(np.diff(key)) + 1
+            starts = np.concatenate(([0], bounds)).astype(np.int64)
+            ends = np.concatenate((bounds, [key.size])).astype(np.int64)
+            slices = {} if not key.size else dict(zip(key[starts].tolist(), zip(
+                starts.tolist(), ends.tolist(), strict=True), strict=True))
+            self._points = slices, xs, values
+            self.taken = []
+        return self._points
 
     def _secret(self, owner: int, kind: int) -> bytes:
-        start = time.perf_counter()
-        try:
-            return self._rebuild(owner, kind)
-        finally:
-            self.r.profile["secrets"] = self.r.profile.get("secrets", 0.0) + time.perf_counter() - start
-
-    def _rebuild(self, owner: int, kind: int) -> bytes:
-        points = self.shares.get((owner, kind), {})
-        if len(points) < self.r.threshold:
-            raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
+        slices, xs, values = self._group()
+        start, end = slices.get(self.r.graph.position(owner) * 2 + kind, (0, 0))
+        if end - start < self.r.threshold:
+            raise ProtocolAbort(f"unmask: {end - start} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
-        xs = tuple(sorted(points)[: self.r.threshold])
+        end = start + self.r.threshold  # the smallest x-coordinates that answered
         try:
-            return shamir.combine_one(xs, [points[x] for x in xs])
+            return shamir.combine_one(tuple(xs[start:end].tolist()),
+                                      [row.tobytes() for row in values[start:end]])
         except SecAggError:
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
 
-    def _mask_terms(self):
-        """(AES key, sign) of every mask term to remove, derived lazily (overlaps with AES)."""
+    def _mask_terms(self) -> list[tuple[bytes, int]]:
+        """(AES key, sign) of every mask term to remove; the secrets are rebuilt first."""
         r = self.r
-        for u in r.survivors:
-            seed = self._secret(u, m.SHARE_OF_SEED)
-            yield self_mask_key(seed, r.session, r.round_index, u), -1
+        start = time.perf_counter()
+        seeds = [(u, self._secret(u, m.SHARE_OF_SEED)) for u in r.survivors]
+        keys: list[tuple[int, crypto.KeyPair]] = []
         for d in self.dropped:
-            partners = self.needs[d]
             try:
                 recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
             except CryptoError:
                 recovered = None
             if recovered is None or recovered.public != r.keys[d].mask_key:
                 raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
-            for v in partners:
+            keys.append((d, recovered))
+        rebuilt = time.perf_counter()
+        r.profile["secrets"] = rebuilt - start
+        terms = [(self_mask_key(seed, r.session, r.round_index, u), -1) for u, seed in seeds]
+        for d, recovered in keys:
+            for v in self.needs[d]:
                 # v added +mask if v < d else -mask; remove exactly that.
-                yield mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d), (
-                    -1 if v < d else +1)
+                terms.append((mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
+                              -1 if v < d else +1))
+        r.profile["keys"] = time.perf_counter() - rebuilt
+        return terms
 
     def close(self) -> None:
         r = self.r
         assert r.total is not None
         # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
         # workers only makes them wait; the expansion then runs on all cores.
+        terms = self._mask_terms()
         start = time.perf_counter()
-        terms = list(self._mask_terms())
-        derived = time.perf_counter()
         correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
-        r.profile["keys"] = derived - start - r.profile.get("secrets", 0.0)
-        r.profile["masks"] = time.perf_counter() - derived
+        r.profile["masks"] = time.perf_counter() - start
         return None
 
 
