@@ -23,6 +23,8 @@ from __future__ import annotations
 import secrets as _secrets
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import repeat
+from operator import mul
 
 import numpy as np
 from fedsec.secagg.errors import InvalidArgumentError, ReconstructionError
@@ -113,25 +115,27 @@ def combine_one(xs: tuple[int, ...], shares: Sequence[bytes]) -> bytes:
     points = _check_xs(xs)
     if len(shares) != len(points):
         raise ReconstructionError(f"need {len(points)} shares, got {len(shares)}")
-    values = [share_from_bytes(s) for s in shares]
+    values = list(map(int.from_bytes, shares, repeat("big")))
+    if any(len(s) != SHARE_BYTES for s in shares) or max(values) >= PRIME:
+        raise ReconstructionError("a share is not a field element")
     top = max(points)
     if top > _EXACT_TOP:
         weights = lagrange_at_zero(tuple(points))
-        return int_to_secret(sum(w * y for w, y in zip(weights, values, strict=True)) % PRIME)
+        return int_to_secret(sum(map(mul, weights, values)) % PRIME)
     row = _signed_binomials(top)
+    coefficients = [row[x - 1] for x in points]
     if len(points) == top:  # x = 1..L, nothing missing
-        total = sum(row[x - 1] * y for x, y in zip(points, values, strict=True))
-        return int_to_secret(total % PRIME)
+        return int_to_secret(sum(map(mul, coefficients, values)) % PRIME)
     present = set(points)
     missing = [j for j in range(1, top + 1) if j not in present]
-    wide = len(missing) > 16  # the product over M would pass 16 x 9 bits: reduce each coefficient
-    total = 0
-    for x, y in zip(points, values, strict=True):
-        coefficient = row[x - 1]
+    if len(missing) * top.bit_length() <= 62:  # every product over M fits in an int64
+        factors = np.subtract.outer(np.array(missing, dtype=np.int64), np.array(points, dtype=np.int64))
+        coefficients = list(map(mul, coefficients, factors.prod(axis=0).tolist()))
+    else:
         for j in missing:
-            coefficient *= j - x
-        total += (coefficient % PRIME if wide else coefficient) * y
-    return int_to_secret(total % PRIME * pow(_prod_mod(missing), -1, PRIME) % PRIME)
+            coefficients = [c * (j - x) % PRIME for c, x in zip(coefficients, points, strict=True)]
+    total = sum(map(mul, coefficients, values)) % PRIME
+    return int_to_secret(total * pow(_prod_mod(missing), -1, PRIME) % PRIME)
 
 
 _EXACT_TOP = 512

@@ -18,7 +18,8 @@ import numpy as np
 from fedsec.protocols.masked import messages as m
 from fedsec.protocols.masked.graph import RingGraph
 
-_ROW = 8 + m.SEALED_BYTES
+_RECORD = np.dtype([("sender", ">u8"), ("bundle", f"V{m.SEALED_BYTES}")])
+"""One ForwardedShares record as the wire lays it out: sender id (u64 big-endian), sealed bundle."""
 _COUNT = struct.Struct(">I")
 
 
@@ -53,12 +54,12 @@ class BundleRouter:
         graph = self.graph
         counts = np.array([r.size for r in self._recipients], dtype=np.int64)
         total = int(counts.sum())
-        rows = np.empty((total, _ROW), dtype=np.uint8)
+        rows = np.empty(total, dtype=_RECORD)  # one ForwardedShares record per bundle
         if total:
             senders = np.repeat(np.array(self._senders, dtype=np.uint64), counts)
             recipients = np.concatenate(self._recipients)
-            rows[:, :8] = senders.astype(">u8").view(np.uint8).reshape(total, 8)
-            rows[:, 8:] = np.frombuffer(b"".join(self._blobs), dtype=np.uint8).reshape(total, m.SEALED_BYTES)
+            rows["sender"] = senders
+            rows["bundle"] = np.frombuffer(b"".join(self._blobs), dtype=_RECORD["bundle"])
             at = graph.positions(recipients)
             if bool((at < 0).any()):
                 raise ValueError("a bundle is addressed to a client outside the ring")

@@ -102,6 +102,7 @@ class _Stage(ABC):
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         self.r = r
         self.members = members
+        self.member_set = frozenset(members)
         self.answers: dict[int, m.Body] = {}
 
     @abstractmethod
@@ -302,8 +303,8 @@ class _Unmask(_Stage):
                     self.needs.setdefault(d, []).append(v)
         self.dropped = tuple(sorted(self.needs))
         # A holder is asked about exactly the owners whose shares it attested to hold.
-        self.asked: dict[int, dict[int, int]] = {
-            c: {v: m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY for v in r.partners[c]}
+        self.asked: dict[int, frozenset[tuple[int, int]]] = {
+            c: frozenset((v, m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY) for v in r.partners[c])
             for c in members}
         self.hasher = ShareHasher(r.session, r.round_index)
         # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
@@ -318,8 +319,8 @@ class _Unmask(_Stage):
         out = {}
         for c in self.members:
             ask = self.asked[c]
-            alive = sorted(v for v, kind in ask.items() if kind == m.SHARE_OF_SEED)
-            dropped = sorted(v for v, kind in ask.items() if kind == m.SHARE_OF_MASK_KEY)
+            alive = sorted(v for v, kind in ask if kind == m.SHARE_OF_SEED)
+            dropped = sorted(v for v, kind in ask if kind == m.SHARE_OF_MASK_KEY)
             attested = [v for v in alive if v not in r.signatures] if r.params.active else []
             out[c] = r.message(c, m.UnmaskRequest.KIND, bodies.body(alive, dropped, attested))
         return out
@@ -339,30 +340,32 @@ class _Unmask(_Stage):
     def accept(self, sender: int, body: m.UnmaskResponse) -> None:
         ask = self.asked[sender]
         shares = body.shares
-        owners = [o for o, _, _ in shares]
-        if (len(shares) != len(ask) or len(set(owners)) != len(owners)
-                or any(ask.get(o) != k for o, k, _ in shares)):
+        if not shares:
+            if ask:
+                raise MalformedMessage("unmask response does not answer exactly what was asked")
+            self.answers[sender] = body
+            return
+        owners, kinds, values = zip(*shares, strict=True)
+        # Exactly the (owner, kind) pairs asked, each once: one kind per owner, so owners are distinct.
+        if len(shares) != len(ask) or set(zip(owners, kinds, strict=True)) != ask:
             raise MalformedMessage("unmask response does not answer exactly what was asked")
-        if max((share for _, _, share in shares), default=b"") >= _PRIME_BYTES:  # fixed-width BE
+        if max(values) >= _PRIME_BYTES:  # fixed-width big-endian
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        if not shares:
-            return
         r = self.r
-        graph, digest = r.graph, self.hasher.digest
+        graph = r.graph
         at = graph.positions(np.array(owners, dtype=np.uint64))
-        kinds = np.fromiter((k for _, k, _ in shares), dtype=np.int64, count=len(shares))
         xs = graph.x_at(at, graph.position(sender))
-        hashes = b"".join([digest(o, x, k, share)
-                           for (o, k, share), x in zip(shares, xs.tolist(), strict=True)])
+        kind = np.array(kinds, dtype=np.int64)
+        hashes = self.hasher.digests(owners, xs.tolist(), kinds, values)
         table, rows = self._commitments()
-        committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kinds]
+        committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
         good = (np.frombuffer(hashes, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES) == committed).all(axis=1)
         if not good.all():
             owner = owners[int(np.flatnonzero(~good)[-1])]
             r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
-        values = np.frombuffer(b"".join([share for _, _, share in shares]), dtype=np.uint8)
-        self.taken.append((at[good], kinds[good], xs[good], values.reshape(-1, shamir.SHARE_BYTES)[good]))
+        points = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
+        self.taken.append((at[good], kind[good], xs[good], points[good]))
 
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
         """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
@@ -393,8 +396,9 @@ class _Unmask(_Stage):
                                 f"threshold is {self.r.threshold}")
         end = start + self.r.threshold  # the smallest x-coordinates that answered
         try:
+            block, size = values[start:end].tobytes(), shamir.SHARE_BYTES
             return shamir.combine_one(tuple(xs[start:end].tolist()),
-                                      [row.tobytes() for row in values[start:end]])
+                                      [block[i:i + size] for i in range(0, len(block), size)])
         except SecAggError:
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
@@ -534,7 +538,7 @@ class MaskedServer:
         stage = self._stage
         if sender in self._round.rejected or sender in self._round.ignored:
             return  # removed from the round, or spoiled an answer: nothing it sends is taken again
-        if stage is None or sender not in stage.members or sender in stage.answers:
+        if stage is None or sender not in stage.member_set or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
             self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
             return
