@@ -138,6 +138,16 @@ class RingGraph:
         found = valid & (self._ids[i] == keys)
         return np.where(found, self._slots[i], -1).astype(np.int64)
 
+    def neighbour_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Ring indices of the neighbours of the clients at ``positions`` (ring indices), one row
+        each, ordered by x-coordinate (vectorised :meth:`neighbours`): shape (len, k), int64.
+        Column x - 1 of a client's row holds the neighbour at x; that neighbour sees the client
+        at x' = k + 1 - x."""
+        n, k = len(self.ring), self.degree
+        x = np.arange(1, k + 1, dtype=np.int64)
+        offsets = x if self.complete else np.where(x <= k // 2, x, x - k - 1)
+        return (np.asarray(positions, dtype=np.int64).reshape(-1, 1) + offsets) % n
+
     def x_at(self, owner: np.ndarray, holder: np.ndarray) -> np.ndarray:
         """x-coordinate (1..k) of the holder's share of the owner's secrets, by ring index
         (vectorised :meth:`x_of`: ``owner`` and ``holder`` are arrays of ring indices in [0, n),

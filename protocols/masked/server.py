@@ -26,6 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
@@ -69,7 +70,14 @@ class _Round:
     router: BundleRouter | None = None
     commitments: dict[int, bytes] = field(default_factory=dict)
     attestations: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
-    partners: dict[int, frozenset[int]] = field(default_factory=dict)
+    partners: dict[int, np.ndarray] = field(default_factory=dict)
+    """Each masked input's attested partner set P_v, as k flags by x-coordinate (x - 1)."""
+    flags: np.ndarray | None = None
+    """The survivors' partner flags, one row each in survivor order (shape (|S|, k))."""
+    neighbours: np.ndarray | None = None
+    """The ring indices of the survivors' neighbours, same shape, by x-coordinate."""
+    alive_at: np.ndarray | None = None
+    """Survivor flags by ring index."""
     ignored: set[int] = field(default_factory=set)
     total: np.ndarray | None = None
     survivors: tuple[int, ...] = ()
@@ -199,6 +207,11 @@ class _ShareKeys(_Stage):
 class _MaskedInput(_Stage):
     expects, name = m.MaskedInput, "masked input"
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.shared_at = np.zeros(len(r.graph.ring), dtype=bool)
+        self.shared_at[r.graph.positions(np.array(sorted(r.shared), dtype=np.uint64))] = True
+
     def outgoing(self) -> dict[int, bytes]:
         router = self.r.router
         assert router is not None
@@ -227,32 +240,44 @@ class _MaskedInput(_Stage):
         self.answers[sender] = body
         np.add(self.r.total, words, out=self.r.total)
 
-    def _partners(self, sender: int, bits: bytes) -> frozenset[int]:
-        """P_sender from its partner bitmap: bit x - 1 is its neighbour at x-coordinate x. Only
-        neighbours whose bundle the server forwarded to it, at least t of them."""
+    def _partners(self, sender: int, bits: bytes) -> np.ndarray:
+        """P_sender from its partner bitmap, as k flags: bit x - 1 is its neighbour at x-coordinate
+        x. Only neighbours whose bundle the server forwarded to it, at least t of them."""
         graph, k = self.r.graph, self.r.graph.degree
         if len(bits) != (k + 7) // 8:
             raise MalformedMessage("partner attestation has the wrong size")
-        flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")
+        flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little").astype(bool)
         if flags[k:].any():
             raise MalformedMessage("partner attestation sets a bit beyond the degree")
-        neighbours = graph.neighbours(sender)
-        partners = frozenset(neighbours[i] for i in np.flatnonzero(flags[:k]).tolist())
+        flags = flags[:k]
+        at = graph.neighbour_positions(np.array([graph.position(sender)]))[0][flags]
         # A partner in ``shared`` addressed a bundle to every neighbour in ``keys``, the sender too.
-        if len(partners) < self.r.threshold or not partners <= self.r.shared:
+        if at.size < self.r.threshold or not self.shared_at[at].all():
             raise MalformedMessage("partner attestation names fewer than t partners or one whose "
                                    "bundle it was never sent")
-        return partners
+        return flags
 
     def close(self) -> _Stage:
-        self.r.survivors = tuple(sorted(self.answers))
-        self.r.require(len(self.r.survivors), self.name)
-        alive, partners = set(self.r.survivors), self.r.partners
-        for v in self.r.survivors:
-            for w in partners[v]:
-                if w in alive and v not in partners[w]:
-                    raise ProtocolAbort(f"{self.name}: client {v} masked with client {w} but not the "
-                                        "reverse (a share bundle was lost): the masks cannot cancel")
+        r = self.r
+        r.survivors = tuple(sorted(self.answers))
+        r.require(len(r.survivors), self.name)
+        graph, k = r.graph, r.graph.degree
+        at = graph.positions(np.array(r.survivors, dtype=np.uint64))
+        r.flags = np.array([r.partners[v] for v in r.survivors], dtype=bool).reshape(-1, k)
+        r.neighbours = graph.neighbour_positions(at)
+        r.alive_at = np.zeros(len(graph.ring), dtype=bool)
+        r.alive_at[at] = True
+        row_at = np.full(len(graph.ring), -1, dtype=np.int64)
+        row_at[at] = np.arange(at.size)
+        # v masked with w (w alive): w must have masked with v, whom w sees at x' = k + 1 - x.
+        mutual = r.flags & r.alive_at[r.neighbours]
+        reverse = r.flags[row_at[r.neighbours], np.arange(k)[::-1]]
+        lost = np.argwhere(mutual & ~reverse)
+        if lost.size:
+            row, column = lost[0].tolist()
+            v, w = r.survivors[row], graph.ring[int(r.neighbours[row, column])]
+            raise ProtocolAbort(f"{self.name}: client {v} masked with client {w} but not the "
+                                "reverse (a share bundle was lost): the masks cannot cancel")
         if self.r.params.active:
             return _Consistency(self.r, self.r.survivors)
         return _Unmask(self.r, self.r.survivors)
@@ -294,18 +319,32 @@ class _Unmask(_Stage):
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
-        self.alive = alive = frozenset(r.survivors)
+        assert r.flags is not None and r.neighbours is not None and r.alive_at is not None
+        ring = np.array(r.graph.ring, dtype=np.uint64)
         # The dropped clients whose masks are in the sum: d in P_v for a survivor v (attested).
-        self.needs: dict[int, list[int]] = {}
-        for v in r.survivors:
-            for d in r.partners[v]:
-                if d not in alive:
-                    self.needs.setdefault(d, []).append(v)
+        rows, columns = np.nonzero(r.flags & ~r.alive_at[r.neighbours])
+        at = r.neighbours[rows, columns]
+        order = np.argsort(at, kind="stable")  # by d, then survivor order
+        at, rows = at[order], rows[order]
+        bounds = np.flatnonzero(np.diff(at)) + 1
+        survivors = np.array(r.survivors, dtype=np.uint64)
+        self.needs: dict[int, list[int]] = {
+            int(ring[group[0]]): survivors[members_of].tolist()
+            for group, members_of in zip(np.split(at, bounds), np.split(rows, bounds), strict=True)
+            if group.size}
         self.dropped = tuple(sorted(self.needs))
-        # A holder is asked about exactly the owners whose shares it attested to hold.
-        self.asked: dict[int, frozenset[tuple[int, int]]] = {
-            c: frozenset((v, m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY) for v in r.partners[c])
-            for c in members}
+        # A holder is asked about exactly the owners whose shares it attested to hold: the seed
+        # share of each alive one, the mask-key share of each dropped one (ids ascending).
+        row_of = {v: i for i, v in enumerate(r.survivors)}
+        self.lists: dict[int, tuple[list[int], list[int]]] = {}
+        self.asked: dict[int, frozenset[tuple[int, int]]] = {}
+        for c in members:
+            held = r.neighbours[row_of[c]][r.flags[row_of[c]]]
+            alive = r.alive_at[held]
+            seeds, keys = np.sort(ring[held[alive]]).tolist(), np.sort(ring[held[~alive]]).tolist()
+            self.lists[c] = seeds, keys
+            self.asked[c] = frozenset(zip(seeds, repeat(m.SHARE_OF_SEED))) | frozenset(
+                zip(keys, repeat(m.SHARE_OF_MASK_KEY)))
         self.hasher = ShareHasher(r.session, r.round_index)
         # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
         self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -318,9 +357,7 @@ class _Unmask(_Stage):
         bodies = UnmaskRequestBodies(sorted(r.signatures.items()), r.attestations)
         out = {}
         for c in self.members:
-            ask = self.asked[c]
-            alive = sorted(v for v, kind in ask if kind == m.SHARE_OF_SEED)
-            dropped = sorted(v for v, kind in ask if kind == m.SHARE_OF_MASK_KEY)
+            alive, dropped = self.lists[c]
             attested = [v for v in alive if v not in r.signatures] if r.params.active else []
             out[c] = r.message(c, m.UnmaskRequest.KIND, bodies.body(alive, dropped, attested))
         return out

@@ -32,3 +32,13 @@ def test_x_at_equals_x_of_for_every_pair(graph):
     owner, holder = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     expected = [[graph.x_of(u, v) for v in graph.ring] for u in graph.ring]
     assert graph.x_at(owner, holder).tolist() == expected
+
+
+@given(graphs())
+def test_neighbour_positions_equal_neighbours_and_x_is_symmetric(graph):
+    n, k = len(graph.ring), graph.degree
+    rows = graph.neighbour_positions(np.arange(n))
+    for p, u in enumerate(graph.ring):
+        assert [graph.ring[q] for q in rows[p].tolist()] == list(graph.neighbours(u))
+        for x, v in enumerate(graph.neighbours(u), start=1):
+            assert graph.x_of(v, u) == k + 1 - x
