@@ -80,11 +80,14 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
 
 @dataclass
 class RoundTrace:
-    """What happened to each client, and the time each party spent."""
+    """What happened to each client, and the time each party spent: wall-clock seconds, and the
+    server's CPU seconds per stage (every thread of the process while the server runs; on a shared
+    machine less sensitive to other jobs than the wall clock)."""
 
     aborts: dict[int, str] = field(default_factory=dict)
     client_seconds: dict[int, float] = field(default_factory=dict)
     server_stage_seconds: dict[str, float] = field(default_factory=dict)
+    server_stage_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def server_seconds(self) -> float:
@@ -100,10 +103,11 @@ def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
     while not server.done:
         name = server.stage
         stage = _STAGE_INDEX[name]
-        spent = 0.0
-        start = time.perf_counter()
+        spent = cpu = 0.0
+        start, start_cpu = time.perf_counter(), time.process_time()
         outgoing = server.outgoing()
         spent += time.perf_counter() - start
+        cpu += time.process_time() - start_cpu
         for client_id, message in outgoing.items():
             transport.to_client(client_id, message)
             if drops.get(client_id, 99) <= stage or client_id in trace.aborts:
@@ -118,12 +122,14 @@ def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
                 trace.client_seconds[client_id] += time.perf_counter() - start
             if reply is not None:
                 transport.to_server(client_id, reply)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 server.receive(client_id, reply)
                 spent += time.perf_counter() - start
-        start = time.perf_counter()
+                cpu += time.process_time() - start_cpu
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             server.close()
         finally:
             trace.server_stage_seconds[name] = spent + time.perf_counter() - start
+            trace.server_stage_cpu_seconds[name] = cpu + time.process_time() - start_cpu
     return trace
