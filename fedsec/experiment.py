@@ -124,6 +124,7 @@ def build_experiment(
         strategy = fl_core.ZeroOnFailure(strategy)
     history = HistoryRecorder()
     extra = [privacy.budget] if privacy is not None else []
+    runner = build_runner(config, protocol)
     server = fl_core.FederatedServer(
         model=model,
         data=data,
@@ -135,6 +136,7 @@ def build_experiment(
         target_accuracy=t.target_accuracy or None,
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
+        runner=runner,
     )
     extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = []
     if robust_summary:
@@ -143,6 +145,23 @@ def build_experiment(
         extras.append(lambda result, out_dir: personalization.report(config, server, local_tests,
                                                                      result, out_dir))
     return Experiment(config, data, server, history, privacy, notes, extras)
+
+
+def build_runner(config: ExperimentConfig, protocol: fl_core.AggregationProtocol
+                 ) -> fl_core.ClientRunner | None:
+    """Where the clients compute (``sim.backend``): None = here (local); for ``ray``, connect to
+    Ray now (a failure ends the run before anything is written) and host the masking layer's
+    clients there too (:mod:`fedsec.backends.ray_runner`)."""
+    sim = config.sim
+    if sim.backend == "local":
+        return None
+    from fedsec.backends import connect
+
+    connect(address=sim.address, num_cpus=sim.num_cpus)  # ConfigError when ray is not installed
+    from fedsec.backends.ray_runner import attach_ray
+
+    return attach_ray(address=sim.address, num_cpus=sim.num_cpus, cpus_per_client=sim.cpus_per_client,
+                      protocol=protocol, reproducible=config.dp.reproducible)
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
