@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import warnings
 from types import ModuleType
 
 from fedsec.errors import ConfigError
@@ -47,7 +48,9 @@ def connect(*, address: str = "", num_cpus: int = 0) -> ModuleType:
     if not address:
         options["num_cpus"] = num_cpus or None
     try:
-        ray.init(**options)
+        with warnings.catch_warnings():  # Ray's own multi-line warnings: the one line below says it
+            warnings.simplefilter("ignore")
+            ray.init(**options)
     except Exception as error:  # Ray raises many kinds (ConnectionError, RuntimeError, ...)
         detail = " ".join(str(error).split())[:300] or type(error).__name__
         raise BackendError(f"could not start or join {where}: {type(error).__name__}: {detail}") from None
