@@ -58,6 +58,11 @@ LOST_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
 """What a task raises when its worker died or could not be reached: its clients drop out."""
 
 
+DEPTH = 2
+"""Training tasks queued on one worker at once: the next is already there when one ends (a worker
+that dies loses at most this many clients)."""
+
+
 def _drop_stream(random: SecureRandom) -> None:
     """A SecureRandom never travels: shipping one would let two workers draw the same noise."""
     return None
@@ -226,6 +231,8 @@ class RayClientRunner(ClientRunner):
         self._sizes: list[int] = []
         self._trainer: DPSGDTrainer | None = None
         self._n_parameters = 0
+        self.depth = DEPTH
+        """Tasks queued on one worker at once, >= 1."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
 
@@ -295,28 +302,30 @@ class RayClientRunner(ClientRunner):
 
     def _dispatch(self, vector_ref: Any, tasks: Sequence[ClientTask],
                   plan: list[tuple[str, int, int]] | None) -> list[Any]:
-        """Run ``tasks`` on the pool, one at a time per worker, the next to the first one free;
-        a task whose worker died gets ``"lost: ..."``."""
+        """Run ``tasks`` on the pool, ``depth`` at a time per worker (the next one queued while
+        one runs), each to the first worker with room; a task whose worker died gets
+        ``"lost: ..."`` and a fresh worker takes the dead one's place."""
         actors = self.pool.actors()
         results: list[Any] = [None] * len(tasks)
         pending, running = deque(range(len(tasks))), {}
-        free = list(range(len(actors)))
+        free = [slot for _ in range(self.depth) for slot in range(len(actors))]
         while pending or running:
             while pending and free:
-                slot, index = free.pop(), pending.popleft()
-                task = tasks[index]
+                slot, index = free.pop(0), pending.popleft()
+                task, actor = tasks[index], actors[slot]
                 stream = None if plan is None else plan[index][:2]
-                ref = actors[slot].update.remote(vector_ref, self._data[task.client_id], task.seed, stream)
-                running[ref] = (index, slot)
+                ref = actor.update.remote(vector_ref, self._data[task.client_id], task.seed, stream)
+                running[ref] = (index, slot, actor)
             done, _ = ray.wait(list(running), num_returns=1)
             for ref in done:
-                index, slot = running.pop(ref)
+                index, slot, actor = running.pop(ref)
                 try:
                     results[index] = ray.get(ref)
                 except LOST_ERRORS as error:
                     results[index] = f"lost: {type(error).__name__}"
-                    self.pool.replace(slot)
-                    actors = self.pool.actors()
+                    if self.pool.actors()[slot] is actor:  # the first of its tasks to report
+                        self.pool.replace(slot)
+                        actors = self.pool.actors()
                 except ray.exceptions.RayTaskError as error:
                     raise error.as_instanceof_cause() from None
                 free.append(slot)
