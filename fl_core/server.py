@@ -12,6 +12,7 @@ from fedsec.fl_core.data import ArrayDataset, FederatedDataset
 from fedsec.fl_core.errors import AggregationError, InvalidParameterError
 from fedsec.fl_core.execution import ClientFailure, ClientRunner, ClientTask, InProcessRunner
 from fedsec.fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.interrupts import deferred_interrupt
 from fedsec.fl_core.models import evaluate
 from fedsec.fl_core.parameters import get_vector, set_vector
 from fedsec.fl_core.standardize import apply_standardization, federated_moments
@@ -135,11 +136,12 @@ class FederatedServer:
                     stop_reason = veto
                     break
                 record, new_vector = self._round(round_index, vector, m)
-                for observer in self.observers:
-                    observer.after_round(record)
-                # committed only once every observer (the privacy ledger first) has seen it
-                records.append(record)
-                vector = new_vector
+                with deferred_interrupt():  # Ctrl-C waits until the round is wholly committed
+                    for observer in self.observers:
+                        observer.after_round(record)
+                    # committed only once every observer (the privacy ledger first) has seen it
+                    records.append(record)
+                    vector = new_vector
                 aborts_in_a_row = aborts_in_a_row + 1 if record.status != "ok" else 0
                 if self.target_accuracy is not None and record.accuracy >= self.target_accuracy:
                     rounds_to_target = round_index
