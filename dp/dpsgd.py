@@ -88,6 +88,16 @@ class DPSGD:
                 model, max_grad_norm=self.max_grad_norm)
         return clipper
 
+    def _noise(self, params: list[torch.Tensor], steps: int, std: float) -> list[torch.Tensor] | None:
+        """The Gaussian noise of every step, drawn at once (step by step, parameter by parameter,
+        in the stream's order): for each parameter a [steps, *shape] view; None without noise."""
+        if std <= 0:
+            return None
+        sizes = [p.numel() for p in params]
+        drawn = torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
+        drawn = drawn.view(steps, -1).to(params[0].device)
+        return [z.view(steps, *p.shape) for z, p in zip(drawn.split(sizes, dim=1), params, strict=True)]
+
     def train(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn
               ) -> DPSGDResult:
         """Run DP-SGD in place; ``loss_fn`` returns one loss per example."""
@@ -102,20 +112,18 @@ class DPSGD:
         q = self.sample_rate(n)
         expected = float(self.batch_size) if self.fixed_rate is not None else q * n
         std = self.noise_multiplier * self.max_grad_norm
-        sizes = [p.numel() for p in clipper.params]
         total_loss, seen = 0.0, 0
         steps = self.steps(n)
         masks = self.random.bernoulli(q, steps * n).reshape(steps, n)
-        device = clipper.params[0].device
-        noise = (torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
-                 .view(steps, -1).to(device) if std > 0 else None)
+        params = clipper.params
+        noise = self._noise(params, steps, std)
+        alpha = -self.lr / expected
         for step in range(steps):
             index = torch.from_numpy(np.flatnonzero(masks[step]))
             grads, loss = clipper.clipped_sum(x[index], y[index], loss_fn)
             total_loss, seen = total_loss + loss, seen + int(index.numel())
             if noise is not None:
-                grads = [g.add_(z.view_as(g)) for g, z in
-                         zip(grads, noise[step].split(sizes), strict=True)]
+                torch._foreach_add_(grads, [z[step] for z in noise])
             with torch.no_grad():
-                torch._foreach_add_(clipper.params, grads, alpha=-self.lr / expected)
+                torch._foreach_add_(params, grads, alpha=alpha)
         return DPSGDResult(total_loss / max(seen, 1), q, steps)

@@ -8,15 +8,17 @@ layers' outputs (no weight gradients), and the per-example norms come from those
 
 - Linear: ||g_i||^2 = ||a_i||^2 ||d_i||^2 + ||d_i||^2 (weight and bias), a closed form, so a
   logistic regression costs about one plain step;
-- Conv2d: with the unfolded input A_i (K x P) and output gradient D_i (C x P), either the
-  per-example gradient D_i A_i^T when C K <= P^2, or the "ghost" norm
-  sum((A_i^T A_i) * (D_i^T D_i)) otherwise.
+- Conv2d: with the unfolded input A_i (K x P, :func:`unfold`) and output gradient D_i (C x P),
+  either the per-example gradient D_i A_i^T, kept for the clipped sum, or the "ghost" norm
+  sum((A_i^T A_i) * (D_i^T D_i)), whichever costs fewer multiply-adds (:func:`conv_method`;
+  mixed ghost clipping, Bu et al. 2022).
 
-The clipped sum is then one matrix product per layer, sum_i c_i D_i A_i^T with
-c_i = min(1, C / ||g_i||). The closed forms hold for a parameter of one layer only: a parameter
-shared by two modules (tied embeddings, tied layers) has a per-example gradient that is the sum of
-both layers' terms, whose norm has cross terms, so such a model, like a layer run twice, takes the
-Opacus path, which accumulates each parameter's per-sample gradient over every module using it.
+The clipped sum is then one weighted product per layer, sum_i c_i D_i A_i^T with
+c_i = min(1, C / ||g_i||) (book-keeping, Bu et al. 2023: no second backward pass). The closed
+forms hold for a parameter of one layer only: a parameter shared by two modules (tied
+embeddings, tied layers) has a per-example gradient that is the sum of both layers' terms, whose
+norm has cross terms, so such a model, like a layer run twice, takes the Opacus path, which
+accumulates each parameter's per-sample gradient over every module using it.
 Any other model goes through Opacus' per-sample gradients (``GradSampleModule``, hooks mode),
 after Opacus' ``ModuleValidator`` has refused what DP-SGD cannot train (batch normalisation and
 the like) with its own message.
@@ -205,8 +207,8 @@ class PerExampleClipper:
                 return self._loop(x, y, loss_fn)  # exact; the probe waits for two examples
             index = spread_indices(int(x.shape[0]), np.random.default_rng(0))
             self.probe(x[index], y[index], loss_fn)
-        path = {"fast": self._fast, "opacus": self._opacus, "vmap": self._vmap,
-                "loop": self._loop}[self.mode]
+        path = self._fast if self.mode == "fast" else {
+            "opacus": self._opacus, "vmap": self._vmap, "loop": self._loop}[self.mode]
         try:
             result = path(x, y, loss_fn)
         except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as error:
@@ -386,55 +388,33 @@ class PerExampleClipper:
         return [torch.einsum("b,b...->...", scale, g) for g in samples], float(losses.sum())
 
     def _fast(self, x, y, loss_fn):
-        self._records.clear()
+        """Book-keeping clipping: one forward pass (the hooks keep each layer's input), one backward
+        pass to the layers' outputs, each layer's per-example squared norms from those two
+        factors (:func:`layer_norms`), then each clipped sum as one weighted product
+        (:func:`layer_clipped_sum`)."""
+        records = self._records
+        records.clear()
         self._capturing = True
         try:
             losses = loss_fn(self.model(x), y)
         finally:
             self._capturing = False
-        records = self._records
         if len(records) != len(self.layers) or {id(m) for m, _, _ in records} != {
                 id(m) for m in self.layers} or any(
                 a is None or (isinstance(m, nn.Linear) and a.dim() != 2) for m, a, _ in records):
             return None  # a layer ran twice (tied weights) or saw a sequence
         total = losses.sum()
         grads_out = torch.autograd.grad(total, [out for _, _, out in records])
-        squared = None
-        factors = []
+        squared, kept = None, []
         for (layer, a, _), d in zip(records, grads_out, strict=True):
-            if isinstance(layer, nn.Linear):
-                d_sq = (d * d).sum(1)
-                term = (a * a).sum(1) * d_sq
-                if layer.bias is not None:
-                    term = term + d_sq
-            else:
-                cols = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
-                flat = d.flatten(2)
-                c_out, k, p = flat.shape[1], cols.shape[1], flat.shape[2]
-                if c_out * k <= p * p:
-                    per = torch.bmm(flat, cols.transpose(1, 2))
-                    term = torch.einsum("bck,bck->b", per, per)
-                else:
-                    term = torch.einsum("bpq,bpq->b", torch.bmm(cols.transpose(1, 2), cols),
-                                        torch.bmm(flat.transpose(1, 2), flat))
-                if layer.bias is not None:
-                    term = term + flat.sum(2).pow(2).sum(1)
+            term, saved = layer_norms(layer, a, d)
             squared = term if squared is None else squared + term
-            factors.append((layer, a, d))
-        scale = (self.max_grad_norm * torch.rsqrt(squared + 1e-24)).clamp_(max=1.0)
+            kept.append(saved)
+        # min(1, C / ||g_i||) = 1 / sqrt(max(1, ||g_i||^2 / C^2)), 1 for a zero gradient
+        scale = squared.mul_(1.0 / self.max_grad_norm ** 2).clamp_(min=1.0).rsqrt_()
         grads: dict[int, torch.Tensor] = {}
-        for layer, a, d in factors:
-            if isinstance(layer, nn.Linear):
-                ds = d * scale[:, None]
-                grads[id(layer.weight)] = ds.T @ a
-                if layer.bias is not None:
-                    grads[id(layer.bias)] = ds.sum(0)
-            else:  # the batched weight gradient of the rescaled output gradients
-                ds = d * scale[:, None, None, None]
-                grads[id(layer.weight)] = torch.nn.grad.conv2d_weight(
-                    a, layer.weight.shape, ds, stride=layer.stride, padding=layer.padding)
-                if layer.bias is not None:
-                    grads[id(layer.bias)] = ds.sum((0, 2, 3))
+        for (layer, a, _), d, saved in zip(records, grads_out, kept, strict=True):
+            grads.update(layer_clipped_sum(layer, a, d, saved, scale))
         return [grads[id(p)] for p in self.params], float(total.detach())
 
     def _opacus(self, x, y, loss_fn):
@@ -455,6 +435,94 @@ class PerExampleClipper:
         for p in self.params:
             p.grad, p.grad_sample = None, None
         return out, float(losses.detach().sum())
+
+
+EXPLICIT_BYTES = 64 * 2**20
+"""Largest per-example gradient tensor (bytes, over the batch) a convolution may materialise; above
+it the ghost norm is used whatever the arithmetic says."""
+
+
+_UNFOLD_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def unfold(layer: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """``F.unfold(a, kernel, padding, stride)`` of a [B, C, H, W] input, [B, C kh kw, P], as one
+    gather from the zero-padded input with a cached index (two to three times faster than
+    ``F.unfold``'s im2col at the small images here; tests check the two are equal)."""
+    ph, pw = layer.padding
+    b, c, h, w = a.shape
+    key = (c, h, w, layer.kernel_size, layer.padding, layer.stride, a.device)
+    index = _UNFOLD_INDEX.get(key)
+    if index is None:
+        positions = torch.arange(c * (h + 2 * ph) * (w + 2 * pw), dtype=torch.float64)
+        positions = positions.view(1, c, h + 2 * ph, w + 2 * pw)
+        index = F.unfold(positions, layer.kernel_size, stride=layer.stride).round().long().view(-1)
+        index = _UNFOLD_INDEX[key] = index.to(a.device)
+    padded = F.pad(a, (pw, pw, ph, ph)).flatten(1)
+    return padded.index_select(1, index).view(b, c * layer.kernel_size[0] * layer.kernel_size[1], -1)
+
+
+def conv_method(layer: nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> str:
+    """How the per-example norms of convolution ``layer`` are computed for input ``a`` and output
+    gradient ``d``, whichever costs fewer multiply-adds per example (mixed ghost clipping, Bu et
+    al. 2022): ``explicit`` (the per-example gradients D_i A_i^T from the unfolded input A_i,
+    K x P, and the output gradient D_i, C_out x P: C_out K P, and they then give the clipped sum
+    for C_out K more) or ``ghost`` (sum((A_i^T A_i) * (D_i^T D_i)): P^2 (K + C_out), plus the
+    clipped sum as one batched weight gradient, C_out K P over the batch). Explicit when it
+    costs no more and its [B, C_out, K] tensor stays under ``EXPLICIT_BYTES``."""
+    c_out, p = d.shape[1], d.shape[2] * d.shape[3]
+    k = a.shape[1] * layer.kernel_size[0] * layer.kernel_size[1]
+    small = a.shape[0] * c_out * k * a.element_size() <= EXPLICIT_BYTES
+    return "explicit" if small and c_out * k <= p * (k + c_out) else "ghost"
+
+
+def layer_norms(layer: nn.Module, a: torch.Tensor, d: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(per-example squared gradient norm of ``layer``'s parameters [B], what the clipped sum can
+    reuse) from its input ``a`` and output gradient ``d``.
+
+    Linear: ||a_i||^2 ||d_i||^2 (+ ||d_i||^2 for the bias), a closed form. Conv2d: by
+    :func:`conv_method`; the explicit method keeps the per-example gradients [B, C_out, K]."""
+    if isinstance(layer, nn.Linear):
+        d_sq = torch.linalg.vecdot(d, d)
+        a_sq = torch.linalg.vecdot(a, a)
+        return (torch.addcmul(d_sq, a_sq, d_sq) if layer.bias is not None else a_sq * d_sq), None
+    flat = d.flatten(2)
+    method = conv_method(layer, a, d)
+    saved = None
+    cols = unfold(layer, a)
+    if method == "explicit":
+        saved = torch.bmm(flat, cols.transpose(1, 2))
+        term = torch.linalg.vecdot(saved.flatten(1), saved.flatten(1))
+    else:
+        gram = torch.bmm(cols.transpose(1, 2), cols)
+        term = (gram * torch.bmm(flat.transpose(1, 2), flat)).flatten(1).sum(1)
+    if layer.bias is not None:
+        term = term + flat.sum(2).pow(2).sum(1)
+    return term, saved
+
+
+def layer_clipped_sum(layer: nn.Module, a: torch.Tensor, d: torch.Tensor,
+                      saved: torch.Tensor | None, scale: torch.Tensor) -> dict[int, torch.Tensor]:
+    """{id(parameter): sum_i scale_i grad_i} for ``layer``: G^T diag(scale) A, one product."""
+    grads: dict[int, torch.Tensor] = {}
+    if isinstance(layer, nn.Linear):
+        ds = d * scale[:, None]
+        grads[id(layer.weight)] = ds.T @ a
+        if layer.bias is not None:
+            grads[id(layer.bias)] = ds.sum(0)
+        return grads
+    if saved is not None:  # explicit: the per-example gradients, weighted
+        grads[id(layer.weight)] = (scale @ saved.flatten(1)).view(layer.weight.shape)
+        if layer.bias is not None:
+            grads[id(layer.bias)] = scale @ d.flatten(2).sum(2)
+        return grads
+    ds = d * scale[:, None, None, None]  # the batched weight gradient of the rescaled output grads
+    grads[id(layer.weight)] = torch.nn.grad.conv2d_weight(
+        a, layer.weight.shape, ds, stride=layer.stride, padding=layer.padding)
+    if layer.bias is not None:
+        grads[id(layer.bias)] = ds.sum((0, 2, 3))
+    return grads
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> bool:

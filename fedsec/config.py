@@ -214,6 +214,31 @@ class BoostingConfig:
                                lambda v: 0 < v < 1e6)
 
 
+def _ray_address(v: str) -> bool:
+    return v in ("", "auto") or (v.startswith("ray://") and len(v) > len("ray://")
+                                 and not any(c.isspace() for c in v))
+
+
+SIM_BACKENDS = ("local", "ray")
+RAY_STATEFUL = ("ditto", "perfedavg", "cocoa", "mocha", "boosting")
+"""train.algorithm values whose clients keep state between rounds in the driver (personal models,
+dual variables) or that have no FedAvg server loop: they run on sim.backend = 'local' only."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Where a simulation's clients run (:mod:`fedsec.backends`)."""
+
+    backend: str = _opt("local", "one of local (every client in this process), ray (clients' "
+                                 "training and masking as Ray tasks and actors)", choices=SIM_BACKENDS)
+    address: str = _opt("", "'' (start a local Ray), 'auto' (join the cluster of `ray start` on this "
+                            "machine) or 'ray://HOST:PORT' (a Ray client server)", _ray_address)
+    num_cpus: int = _opt(0, "an integer in [0, 4096] (CPUs of the local Ray that sim.address = '' "
+                            "starts; 0 = all of this machine)", lambda v: 0 <= v <= 4096)
+    cpus_per_client: float = _opt(1.0, "a number in (0, 64] (CPUs each worker reserves; one worker "
+                                       "runs one client at a time)", lambda v: 0 < v <= 64)
+
+
 @dataclass(frozen=True)
 class FederationConfig:
     """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
@@ -249,6 +274,7 @@ class ExperimentConfig:
     cocoa: CoCoAConfig = field(default_factory=CoCoAConfig)
     mocha: MochaConfig = field(default_factory=MochaConfig)
     boosting: BoostingConfig = field(default_factory=BoostingConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
 
     def to_toml(self) -> str:
@@ -499,6 +525,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     _check_linear_methods(config)
     _check_boosting(config)
     _check_privacy(config)
+    _check_sim(config)
     _check_federation(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
@@ -795,3 +822,27 @@ def training_samples(dataset: str, test_fraction: float) -> int:
     _, y, _ = load_pool(dataset)
     train, _ = stratified_split(y, test_fraction=test_fraction, rng=np.random.default_rng(0))
     return int(train.size)
+
+
+def _check_sim(config: ExperimentConfig) -> None:
+    """``[sim]``: its keys only with the Ray backend, and what the Ray backend can run."""
+    sim, defaults = config.sim, SimConfig()
+    if sim.backend == "local":
+        for f in fields(sim):
+            if f.name != "backend" and getattr(sim, f.name) != getattr(defaults, f.name):
+                raise ConfigError(f"sim.{f.name}", "needs sim.backend = 'ray'")
+        return
+    from fedsec.backends.session import INSTALL_HINT, ray_available
+
+    if not ray_available():
+        raise ConfigError("sim.backend", f"'ray' needs the ray package, which is not installed: "
+                                         f"{INSTALL_HINT}")
+    if config.train.algorithm in RAY_STATEFUL:
+        raise ConfigError("sim.backend", f"train.algorithm = {config.train.algorithm!r} keeps its "
+                                         f"clients' state in one process: use sim.backend = 'local'")
+    if sim.address and sim.num_cpus:
+        raise ConfigError("sim.num_cpus", "sizes the local Ray that sim.address = '' starts; a "
+                                          "cluster's size is its own (leave sim.num_cpus = 0)")
+    if sim.num_cpus and sim.cpus_per_client > sim.num_cpus:
+        raise ConfigError("sim.cpus_per_client", f"must be <= sim.num_cpus = {sim.num_cpus}; "
+                                                 f"got {sim.cpus_per_client}")

@@ -154,6 +154,7 @@ def assemble_experiment(
         evaluator = build_evaluator(config, data, evaluation_protocol(config, data))
     if isinstance(evaluator, RoundObserver):
         extra.append(evaluator)
+    runner = build_runner(config, protocol)
     server = fl_core.FederatedServer(
         model=model,
         data=data,
@@ -166,6 +167,7 @@ def assemble_experiment(
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
         evaluator=evaluator,
+        runner=runner,
     )
     extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = []
     if robust_summary:
@@ -213,6 +215,23 @@ def _csv_data(config: ExperimentConfig) -> fl_core.FederatedDataset:
         return federated_dataset(config, load_sites(config))
     except SiteDataError as error:
         raise ConfigError("data.files", str(error)) from None
+
+
+def build_runner(config: ExperimentConfig, protocol: fl_core.AggregationProtocol
+                 ) -> fl_core.ClientRunner | None:
+    """Where the clients compute (``sim.backend``): None = here (local); for ``ray``, connect to
+    Ray now (a failure ends the run before anything is written) and host the masking layer's
+    clients there too (:mod:`fedsec.backends.ray_runner`)."""
+    sim = config.sim
+    if sim.backend == "local":
+        return None
+    from fedsec.backends import connect
+
+    connect(address=sim.address, num_cpus=sim.num_cpus)  # ConfigError when ray is not installed
+    from fedsec.backends.ray_runner import attach_ray
+
+    return attach_ray(address=sim.address, num_cpus=sim.num_cpus, cpus_per_client=sim.cpus_per_client,
+                      protocol=protocol, reproducible=config.dp.reproducible)
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,

@@ -1,11 +1,13 @@
 """Privacy-utility sweeps: one run per (target epsilon, seed), plus a non-private baseline.
 
 Every private run calibrates its noise to spend its target over ``rounds``; the sweep writes
-``sweep.csv`` (one row a run: the non-private baseline rows first, with ``dp_mode = none`` and
-blank privacy columns) and ``sweep.png`` (final accuracy against the epsilon actually spent, mean
-and standard deviation over seeds, the non-private mean as a dashed line). The output folder
-follows the rules of :mod:`fedsec.rundir` (refused if non-empty without ``force``, swapped in
-whole at the end).
+``sweep.csv`` (one row a run, written as it finishes: the non-private baseline rows first, with
+``dp_mode = none`` and blank privacy columns) and ``sweep.png`` (final accuracy against the
+epsilon actually spent, mean and standard deviation over seeds, the non-private mean as a dashed
+line). The output folder follows the rules of :mod:`fedsec.rundir` (refused if non-empty without
+``force``, swapped in whole at the end). With ``sim.backend = "ray"`` the runs are Ray tasks
+that run in parallel (:mod:`fedsec.backends.ray_sweep`); their rows are the local backend's, in
+the order they finish.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import csv
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,27 +65,49 @@ def _sweep(config: ExperimentConfig, epsilons: Sequence[float], seeds: Sequence[
     bar = tqdm(total=len(runs) + len(seeds), desc="sweep", disable=not progress, leave=False)
     (out_dir / "config.toml").write_text(config.to_toml())
     table = _Table(out_dir / "sweep.csv")
-    for seed in seeds:
-        plain = replace(config, seed=seed, dp=replace(config.dp, mode="none", noise_multiplier=0.0,
-                                                      target_epsilon=0.0, max_grad_norm=1.0,
-                                                      accountant="pld", reproducible=False,
-                                                      delta=1e-5))
-        summary = _finished(run_experiment(plain))
-        baseline.append(summary["final_accuracy"])
-        rows.append(table.add({"dp_mode": "none", "target_epsilon": "", "seed": seed, "epsilon": "",
-                               "epsilon_rdp": "", "noise_multiplier": "", **_outcome(summary)}))
-        bar.update()
-    for target, seed in runs:
-        private = replace(config, seed=seed,
-                          dp=replace(config.dp, target_epsilon=target, noise_multiplier=0.0))
-        summary = _finished(run_experiment(private))
-        p = summary["privacy"]
-        rows.append(table.add({"dp_mode": config.dp.mode, "target_epsilon": target, "seed": seed,
-                               "epsilon": p["epsilon"], "epsilon_rdp": p["epsilon_rdp"],
-                               "noise_multiplier": p["noise_multiplier"], **_outcome(summary)}))
+    plain = [replace(config, seed=seed, dp=replace(config.dp, mode="none", noise_multiplier=0.0,
+                                                   target_epsilon=0.0, max_grad_norm=1.0,
+                                                   accountant="pld", reproducible=False, delta=1e-5))
+             for seed in seeds]
+    private = [replace(config, seed=seed, dp=replace(config.dp, target_epsilon=target, noise_multiplier=0.0))
+               for target, seed in runs]
+    held: list[dict[str, Any]] = []  # private rows that finished before every baseline row was written
+    for index, summary in _summaries([*plain, *private], config):
+        summary = _finished(summary)
+        if index < len(seeds):
+            baseline.append(summary["final_accuracy"])
+            rows.append(table.add({"dp_mode": "none", "target_epsilon": "", "seed": seeds[index],
+                                   "epsilon": "", "epsilon_rdp": "", "noise_multiplier": "",
+                                   **_outcome(summary)}))
+            if len(baseline) == len(seeds):
+                rows.extend(table.add(row) for row in held)
+                held = []
+        else:
+            target, seed = runs[index - len(seeds)]
+            p = summary["privacy"]
+            row = {"dp_mode": config.dp.mode, "target_epsilon": target, "seed": seed,
+                   "epsilon": p["epsilon"], "epsilon_rdp": p["epsilon_rdp"],
+                   "noise_multiplier": p["noise_multiplier"], **_outcome(summary)}
+            if len(baseline) == len(seeds):
+                rows.append(table.add(row))
+            else:
+                held.append(row)
         bar.update()
     bar.close()
     return _write(config, rows, baseline, epsilons, seeds, out_dir)
+
+
+def _summaries(configs: Sequence[ExperimentConfig], config: ExperimentConfig
+               ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, summary)`` of every run: one after another here (``sim.backend = "local"``), or
+    in parallel as Ray tasks, as they finish (``"ray"``; :mod:`fedsec.backends.ray_sweep`)."""
+    if config.sim.backend == "ray":
+        from fedsec.backends.ray_sweep import run_parallel
+
+        yield from run_parallel(configs, sim=config.sim)
+        return
+    for index, run in enumerate(configs):
+        yield index, run_experiment(run)
 
 
 class _Table:

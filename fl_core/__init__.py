@@ -30,6 +30,7 @@ from fedsec.fl_core.errors import (
     ShapeMismatchError,
     TooFewClientsError,
 )
+from fedsec.fl_core.execution import ClientFailure, ClientRunner, ClientTask, InProcessRunner
 from fedsec.fl_core.history import HistoryRecorder, ResumePoint, RoundObserver, RoundRecord, TrainingResult
 from fedsec.fl_core.local import TorchTrainer
 from fedsec.fl_core.metrics import Evaluator
@@ -52,6 +53,9 @@ __all__ = [
     "AggregationError",
     "AggregationProtocol",
     "ArrayDataset",
+    "ClientFailure",
+    "ClientRunner",
+    "ClientTask",
     "ClientUpdate",
     "DATASET_NAMES",
     "Evaluator",
@@ -62,6 +66,7 @@ __all__ = [
     "FederatedDataset",
     "FederatedServer",
     "HistoryRecorder",
+    "InProcessRunner",
     "InvalidParameterError",
     "LocalResult",
     "LocalTrainer",

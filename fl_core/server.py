@@ -9,8 +9,10 @@ import numpy as np
 from fedsec.fl_core.aggregation import AggregationProtocol, ClientUpdate
 from fedsec.fl_core.client import Strategy
 from fedsec.fl_core.data import ArrayDataset, FederatedDataset
-from fedsec.fl_core.errors import AggregationError, InvalidParameterError, NonFiniteError
+from fedsec.fl_core.errors import AggregationError, InvalidParameterError
+from fedsec.fl_core.execution import ClientFailure, ClientRunner, ClientTask, InProcessRunner
 from fedsec.fl_core.history import ResumePoint, RoundObserver, RoundRecord, TrainingResult
+from fedsec.fl_core.interrupts import deferred_interrupt
 from fedsec.fl_core.models import evaluate
 from fedsec.fl_core.parameters import get_vector, set_vector
 from fedsec.fl_core.standardize import apply_standardization, federated_moments
@@ -40,6 +42,9 @@ class FederatedServer:
         evaluator: ``(model, test) -> {"accuracy", "loss", ...}`` after every round (e.g.
             :class:`fl_core.metrics.Evaluator`); its other values go to the round's metrics.
             None = accuracy and loss of :func:`fl_core.models.evaluate`.
+        runner: where the clients' local updates run (:mod:`fl_core.execution`); None = one after
+            another in this process. A client that fails there (not finite, worker lost) sends no
+            update and is counted in the round's ``failed_clients``.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class FederatedServer:
         observers: Sequence[RoundObserver] = (),
         max_consecutive_aborts: int = 3,
         evaluator: Callable[[nn.Module, ArrayDataset], dict[str, float]] | None = None,
+        runner: ClientRunner | None = None,
     ) -> None:
         if rounds < 1:
             raise InvalidParameterError(f"rounds must be >= 1, got {rounds}")
@@ -83,6 +89,7 @@ class FederatedServer:
         self.max_consecutive_aborts = max_consecutive_aborts
         self.setup_upload_bytes = 0
         self.evaluator = evaluator
+        self.runner = runner if runner is not None else InProcessRunner()
         self._prepared = False
 
     def prepare_data(self) -> None:
@@ -119,6 +126,7 @@ class FederatedServer:
             aborts_in_a_row, first = resume.aborts_in_a_row, resume.round + 1
             for observer in self.observers:
                 observer.on_resume(resume)
+        self.runner.start(model=self.model, strategy=self.strategy, data=self.data)
         try:
             for round_index in range(first, self.rounds + 1):
                 veto = next(
@@ -128,11 +136,12 @@ class FederatedServer:
                     stop_reason = veto
                     break
                 record, new_vector = self._round(round_index, vector, m)
-                for observer in self.observers:
-                    observer.after_round(record)
-                # committed only once every observer (the privacy ledger first) has seen it
-                records.append(record)
-                vector = new_vector
+                with deferred_interrupt():  # Ctrl-C waits until the round is wholly committed
+                    for observer in self.observers:
+                        observer.after_round(record)
+                    # committed only once every observer (the privacy ledger first) has seen it
+                    records.append(record)
+                    vector = new_vector
                 aborts_in_a_row = aborts_in_a_row + 1 if record.status != "ok" else 0
                 if self.target_accuracy is not None and record.accuracy >= self.target_accuracy:
                     rounds_to_target = round_index
@@ -146,6 +155,8 @@ class FederatedServer:
                     break
         except KeyboardInterrupt:
             stop_reason = "interrupted"
+        finally:
+            self.runner.stop()
         set_vector(self.model, vector)
         result = TrainingResult(vector, records, rounds_to_target, stop_reason)
         for observer in self.observers:
@@ -158,15 +169,12 @@ class FederatedServer:
         seeds = self.rng.integers(0, 2**63 - 1, size=m)
         updates, losses, failed = [], [], 0
         report_loss = "train_loss" in self.protocol.client_metrics
-        for client_id, seed in zip(selected.tolist(), seeds.tolist()):
-            try:
-                local = self.strategy.client_update(
-                    self.model, vector, self.data.clients[client_id], rng=np.random.default_rng(seed)
-                )
-            except NonFiniteError:
+        tasks = [ClientTask(c, s) for c, s in zip(selected.tolist(), seeds.tolist(), strict=True)]
+        for task, local in zip(tasks, self.runner.run(vector, tasks), strict=True):
+            if isinstance(local, ClientFailure):
                 failed += 1
                 continue
-            updates.append(ClientUpdate(client_id, local.vector, float(local.weight)))
+            updates.append(ClientUpdate(task.client_id, local.vector, float(local.weight)))
             if report_loss and local.loss is not None:
                 losses.append(local.loss)
         status, participants, upload, norm = "ok", 0, 0, 0.0

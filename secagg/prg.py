@@ -8,7 +8,6 @@ up to 2^32 and 64-bit above; reducing them mod 2^b keeps them exactly uniform.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 from collections.abc import Iterable
 
@@ -71,44 +70,45 @@ class MaskExpander:
 def accumulate_masks(
     items: Iterable[tuple[bytes, int]], *, length: int, modulus_bits: int, threads: int | None = None
 ) -> np.ndarray:
-    """Sum of sign * mask(key) over ``items`` (mod 2^word), expanded on worker threads.
+    """Sum of sign * mask(key) over ``items`` (mod 2^word), expanded on ``threads`` threads.
 
-    AES-CTR and numpy additions release the GIL, so the workers run in parallel; pass keys that
-    are already derived (key agreement holds the GIL and would stall them). The result is
-    reduced by the caller.
+    AES-CTR and numpy additions release the GIL, so the threads (the caller's and ``threads - 1``
+    workers; default min(4, cores)) run in parallel, each taking the next item from one shared list
+    and adding into its own accumulator: no queue, no per-item hand-off. Pass keys that are already
+    derived (key agreement holds the GIL and would stall them). The result is reduced by the caller.
     """
     workers = max(1, threads if threads is not None else min(4, os.cpu_count() or 1))
     items = list(items)
+    dtype = word_dtype(modulus_bits)
     if workers == 1 or len(items) < 8:
-        acc = np.zeros(length, dtype=word_dtype(modulus_bits))
+        acc = np.zeros(length, dtype=dtype)
         expander = MaskExpander(length=length, modulus_bits=modulus_bits)
         for key, sign in items:
             expander.add_into(key, acc, sign=sign)
         return acc
-    dtype = word_dtype(modulus_bits)
-    jobs: queue.Queue = queue.Queue(maxsize=256)
+    pending = iter(items)
+    lock = threading.Lock()
     sums = [np.zeros(length, dtype=dtype) for _ in range(workers)]
     errors: list[BaseException] = []
 
     def work(acc: np.ndarray) -> None:
         expander = MaskExpander(length=length, modulus_bits=modulus_bits)
-        while (job := jobs.get()) is not None:
-            try:
-                expander.add_into(job[0], acc, sign=job[1])
-            except BaseException as error:  # surfaced in the caller's thread
-                errors.append(error)
+        try:
+            while True:
+                with lock:
+                    item = next(pending, None)
+                if item is None:
+                    return
+                expander.add_into(item[0], acc, sign=item[1])
+        except BaseException as error:  # surfaced in the caller's thread
+            errors.append(error)
 
-    pool = [threading.Thread(target=work, args=(acc,), daemon=True) for acc in sums]
+    pool = [threading.Thread(target=work, args=(acc,), daemon=True) for acc in sums[1:]]
     for t in pool:
         t.start()
-    try:
-        for item in items:
-            jobs.put(item)
-    finally:
-        for _ in pool:
-            jobs.put(None)
-        for t in pool:
-            t.join()
+    work(sums[0])
+    for t in pool:
+        t.join()
     if errors:
         raise errors[0]
     total = sums[0]

@@ -10,6 +10,12 @@ x-coordinates (cached) in closed form: for a set S = {1..L} minus a set M of mis
 which costs O(t |M|) multiplications instead of O(t^2). Protocols therefore number shares by
 small positive x-coordinates (a client's ring offset to its neighbour) and reconstruct from the
 smallest ones that answered, which keeps |M| small.
+
+:func:`combine_one`, which a server calls once per secret with a different set of points each
+time, uses the same closed form without reducing each coefficient: lambda_j times prod(M) is the
+integer (-1)^(j-1) C(L, j) prod_{m in M} (m - j), so the secret is one exact sum of those integers
+times the shares, reduced once and multiplied by the inverse of prod(M) (one modular inversion per
+secret instead of one per point; the signed binomial rows are kept per L).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import secrets as _secrets
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import repeat
+from operator import mul
 
 import numpy as np
 from fedsec.secagg.errors import InvalidArgumentError, ReconstructionError
@@ -107,9 +115,43 @@ def combine_one(xs: tuple[int, ...], shares: Sequence[bytes]) -> bytes:
     points = _check_xs(xs)
     if len(shares) != len(points):
         raise ReconstructionError(f"need {len(points)} shares, got {len(shares)}")
-    weights = lagrange_at_zero(tuple(points))
-    total = sum(w * share_from_bytes(s) for w, s in zip(weights, shares)) % PRIME
-    return int_to_secret(total)
+    values = list(map(int.from_bytes, shares, repeat("big")))
+    if any(len(s) != SHARE_BYTES for s in shares) or max(values) >= PRIME:
+        raise ReconstructionError("a share is not a field element")
+    top = max(points)
+    if top > _EXACT_TOP:
+        weights = lagrange_at_zero(tuple(points))
+        return int_to_secret(sum(map(mul, weights, values)) % PRIME)
+    row = _signed_binomials(top)
+    coefficients = [row[x - 1] for x in points]
+    if len(points) == top:  # x = 1..L, nothing missing
+        return int_to_secret(sum(map(mul, coefficients, values)) % PRIME)
+    present = set(points)
+    missing = [j for j in range(1, top + 1) if j not in present]
+    if len(missing) * top.bit_length() <= 62:  # every product over M fits in an int64
+        factors = np.subtract.outer(np.array(missing, dtype=np.int64), np.array(points, dtype=np.int64))
+        coefficients = list(map(mul, coefficients, factors.prod(axis=0).tolist()))
+    else:
+        for j in missing:
+            coefficients = [c * (j - x) % PRIME for c, x in zip(coefficients, points, strict=True)]
+    total = sum(map(mul, coefficients, values)) % PRIME
+    return int_to_secret(total * pow(_prod_mod(missing), -1, PRIME) % PRIME)
+
+
+_EXACT_TOP = 512
+"""Largest x-coordinate for the exact-integer path of :func:`combine_one` (rows of at most 512
+integers below 2^512 are kept); beyond it the reduced coefficients of :func:`lagrange_at_zero`."""
+
+
+@lru_cache(maxsize=256)
+def _signed_binomials(top: int) -> tuple[int, ...]:
+    """(-1)^(j-1) C(top, j) for j = 1..top (exact integers): the Lagrange coefficients at zero of
+    the points 1..top."""
+    row, value = [], 1
+    for j in range(1, top + 1):
+        value = value * (top - j + 1) // j
+        row.append(value if j % 2 else -value)
+    return tuple(row)
 
 
 def _check_xs(xs: Sequence[int]) -> list[int]:

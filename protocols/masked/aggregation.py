@@ -41,7 +41,13 @@ from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked.client import ClientPolicy
 from fedsec.protocols.masked.graph import choose_parameters
 from fedsec.protocols.masked.policy import minimum_threshold
-from fedsec.protocols.masked.simulation import DROP_STAGES, RoundTrace, build_round, run_round
+from fedsec.protocols.masked.simulation import (
+    DROP_STAGES,
+    ClientExecutor,
+    RoundTrace,
+    build_round,
+    run_round,
+)
 from fedsec.protocols.transport import InMemoryTransport
 from fedsec.secagg.errors import SecAggError
 from fedsec.secagg.keys import SigningKey
@@ -108,6 +114,10 @@ class MaskedAggregation(AggregationProtocol):
         self.last_misbehaved: dict[int, str] = {}
         """Survivors of the last call that misbehaved after their masked input was in the total
         (they are in the sum), with why."""
+        self.client_executor: ClientExecutor | None = None
+        """Where the honest clients compute (:mod:`protocols.masked.simulation`); None = here, one
+        after another. A round whose clients add noise (``client_noise``) always runs here: the
+        noise comes from one stream in the clients' order."""
 
     def min_contributions(self, n: int) -> int:
         """The fewest inputs a released sum over n sampled clients can hold (the threshold)."""
@@ -172,14 +182,18 @@ class MaskedAggregation(AggregationProtocol):
                 if self.rng.random() < self.dropout:
                     drops[c] = int(self.rng.choice(DROP_STAGES))
         transport = InMemoryTransport()
+        calls = (self.client_executor.open(built.specs)
+                 if self.client_executor is not None and noise is None else None)
         try:
-            self.last_trace = run_round(server, clients, drop_at=drops, transport=transport)
+            self.last_trace = run_round(server, clients, drop_at=drops, transport=transport, calls=calls)
             total, survivors = server.result()
         except (SecAggError, MalformedMessage) as error:
             # Defence in depth: every peer-caused failure is already typed inside the protocol;
             # anything of ours that still escapes ends the round as an abort, never a crash.
             raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
         finally:
+            if calls is not None:
+                calls.close()
             self.last_rejected = rejected + [Rejection(c, why) for c, why in server.rejected.items()]
             self.last_misbehaved = server.misbehaved
         weighted, total_weight, clipped = encoder.decode(
@@ -195,5 +209,6 @@ class MaskedAggregation(AggregationProtocol):
             metrics={"clipped": float(clipped), "rejected": float(len(self.last_rejected)),
                      "misbehaved": float(len(self.last_misbehaved)),
                      "client_aborts": float(len(self.last_trace.aborts)),
-                     "secagg_degree": float(degree), "secagg_threshold": float(threshold)},
+                     "secagg_degree": float(degree), "secagg_threshold": float(threshold),
+                     **({"lost_clients": float(len(self.last_trace.lost))} if self.last_trace.lost else {})},
         )

@@ -124,6 +124,41 @@ class RingGraph:
     def is_neighbour(self, u: int, v: int) -> bool:
         return self.x_of(u, v) != 0
 
+    def positions(self, clients: np.ndarray) -> np.ndarray:
+        """Ring index of each id in ``clients`` (an integer array), -1 for a non-member (vectorised
+        :meth:`position`; int64 array of the same shape)."""
+        ids = np.asarray(clients)
+        if ids.size == 0:
+            return np.empty(ids.shape, dtype=np.int64)
+        if ids.dtype.kind not in "iu":
+            raise InvalidArgumentError("client ids must be an integer array")
+        valid = ids >= 0 if ids.dtype.kind == "i" else np.ones(ids.shape, dtype=bool)
+        keys = np.where(valid, ids, 0).astype(np.uint64)
+        i = np.minimum(np.searchsorted(self._ids, keys), self._ids.size - 1)
+        found = valid & (self._ids[i] == keys)
+        return np.where(found, self._slots[i], -1).astype(np.int64)
+
+    def neighbour_positions(self, positions: np.ndarray) -> np.ndarray:
+        """Ring indices of the neighbours of the clients at ``positions`` (ring indices), one row
+        each, ordered by x-coordinate (vectorised :meth:`neighbours`): shape (len, k), int64.
+        Column x - 1 of a client's row holds the neighbour at x; that neighbour sees the client
+        at x' = k + 1 - x."""
+        n, k = len(self.ring), self.degree
+        x = np.arange(1, k + 1, dtype=np.int64)
+        offsets = x if self.complete else np.where(x <= k // 2, x, x - k - 1)
+        return (np.asarray(positions, dtype=np.int64).reshape(-1, 1) + offsets) % n
+
+    def x_at(self, owner: np.ndarray, holder: np.ndarray) -> np.ndarray:
+        """x-coordinate (1..k) of the holder's share of the owner's secrets, by ring index
+        (vectorised :meth:`x_of`: ``owner`` and ``holder`` are arrays of ring indices in [0, n),
+        broadcast together); 0 where they are not neighbours."""
+        n, k = len(self.ring), self.degree
+        offset = (np.asarray(holder, dtype=np.int64) - np.asarray(owner, dtype=np.int64)) % n
+        if self.complete:
+            return offset
+        half = k // 2
+        return np.where(offset <= half, offset, np.where(offset >= n - half, offset - n + k + 1, 0))
+
 
 def shuffled_ring(clients: list[int] | tuple[int, ...],
                   rng: np.random.Generator | None = None) -> tuple[int, ...]:

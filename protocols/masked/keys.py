@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 
 from fedsec.secagg import keys as crypto
 
@@ -57,6 +58,32 @@ def share_hash(session: bytes, round_index: int, owner: int, x: int, kind: int, 
     """SHA-256 commitment to one serialized Shamir share (kind 0 = seed, 1 = mask key) at ``x``."""
     return hashlib.sha256(b"fedsec/secagg/v1/share" + crypto.context_bytes(
         session, round_index, owner, x, kind) + share).digest()
+
+
+class ShareHasher:
+    """:func:`share_hash` for the many shares of one (session, round) a server checks: each owner's
+    prefix (label, session, round, owner) is built once."""
+
+    _TAIL = struct.Struct(">QQ")
+
+    def __init__(self, session: bytes, round_index: int) -> None:
+        self.session, self.round_index = session, round_index
+        self._prefixes: dict[int, bytes] = {}
+
+    def digest(self, owner: int, x: int, kind: int, share: bytes) -> bytes:
+        """Equal to ``share_hash(session, round_index, owner, x, kind, share)``."""
+        prefix = self._prefixes.get(owner)
+        if prefix is None:
+            prefix = self._prefixes[owner] = b"fedsec/secagg/v1/share" + crypto.context_bytes(
+                self.session, self.round_index, owner, 0, 0)[:-self._TAIL.size]
+        return hashlib.sha256(prefix + self._TAIL.pack(x, kind) + share).digest()
+
+    def digests(self, owners: Sequence[int], xs: Sequence[int], kinds: Sequence[int],
+                shares: Sequence[bytes]) -> bytes:
+        """The digests of many shares, concatenated (32 bytes each, in order)."""
+        prefixes, tail, sha256, one = self._prefixes, self._TAIL.pack, hashlib.sha256, self.digest
+        return b"".join([sha256(prefixes[o] + tail(x, k) + s).digest() if o in prefixes else one(o, x, k, s)
+                         for o, x, k, s in zip(owners, xs, kinds, shares, strict=True)])
 
 
 def commitment_digest(hashes: bytes) -> bytes:

@@ -22,25 +22,29 @@ cannot cancel, and the round aborts before anyone reveals a share.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.framing import KeyListBodies, UnmaskRequestBodies, body_bytes, frame
 from fedsec.protocols.masked.graph import RingGraph
 from fedsec.protocols.masked.keys import (
     COMMITMENT_BYTES,
+    ShareHasher,
     attestation_message,
     commitment_digest,
     consistency_message,
     key_message,
     mask_key,
     self_mask_key,
-    share_hash,
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
+from fedsec.protocols.masked.routing import BundleRouter
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
@@ -61,23 +65,34 @@ class _Round:
     quorum: int
     digest: bytes
     keys: dict[int, m.KeyEntry] = field(default_factory=dict)
-    sealed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    shared: frozenset[int] = frozenset()
+    """The clients whose share bundles were taken (each addressed every neighbour in ``keys``)."""
+    router: BundleRouter | None = None
     commitments: dict[int, bytes] = field(default_factory=dict)
     attestations: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
-    partners: dict[int, frozenset[int]] = field(default_factory=dict)
+    partners: dict[int, np.ndarray] = field(default_factory=dict)
+    """Each masked input's attested partner set P_v, as k flags by x-coordinate (x - 1)."""
+    flags: np.ndarray | None = None
+    """The survivors' partner flags, one row each in survivor order (shape (|S|, k))."""
+    neighbours: np.ndarray | None = None
+    """The ring indices of the survivors' neighbours, same shape, by x-coordinate."""
+    alive_at: np.ndarray | None = None
+    """Survivor flags by ring index."""
     ignored: set[int] = field(default_factory=set)
     total: np.ndarray | None = None
     survivors: tuple[int, ...] = ()
     signatures: dict[int, bytes] = field(default_factory=dict)
     rejected: dict[int, str] = field(default_factory=dict)
     misbehaved: dict[int, str] = field(default_factory=dict)
+    profile: dict[str, float] = field(default_factory=dict)
 
     @property
     def threshold(self) -> int:
         return self.params.threshold
 
-    def message(self, recipient: int, body: m.Body) -> bytes:
-        return m.encode(m.Header(0, self.session, self.round_index, m.SERVER, recipient), body)
+    def message(self, recipient: int, kind: int, body: bytes | list[bytes]) -> bytes:
+        """The server's message of ``kind`` to ``recipient`` with the serialised ``body``."""
+        return frame(kind, self.session, self.round_index, recipient, body)
 
     def require(self, clients: int, stage: str) -> None:
         if clients < self.threshold:
@@ -95,6 +110,7 @@ class _Stage(ABC):
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         self.r = r
         self.members = members
+        self.member_set = frozenset(members)
         self.answers: dict[int, m.Body] = {}
 
     @abstractmethod
@@ -116,7 +132,8 @@ class _AdvertiseKeys(_Stage):
     expects, name = m.AdvertiseKeys, "advertise keys"
 
     def outgoing(self) -> dict[int, bytes]:
-        return {c: self.r.message(c, self.r.params) for c in self.members}
+        body = body_bytes(self.r.params)  # one ring for everybody: serialised once
+        return {c: self.r.message(c, m.SessionParams.KIND, body) for c in self.members}
 
     def accept(self, sender: int, body: m.AdvertiseKeys) -> None:
         e = body.entry
@@ -152,13 +169,16 @@ class _AdvertiseKeys(_Stage):
 class _ShareKeys(_Stage):
     expects, name = m.ShareKeys, "share keys"
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.recipients: dict[int, list[int]] = {}
+
     def outgoing(self) -> dict[int, bytes]:
-        out = {}
-        for c in self.members:
-            entries = (self.r.keys[c],) + tuple(self.r.keys[v] for v in self.r.graph.neighbours(c)
-                                                if v in self.r.keys)
-            out[c] = self.r.message(c, m.KeyList(entries))
-        return out
+        keys, graph = self.r.keys, self.r.graph
+        bodies = KeyListBodies(keys)  # each entry goes to k + 1 clients: packed once
+        return {c: self.r.message(c, m.KeyList.KIND,
+                                  bodies.body([c, *(v for v in graph.neighbours(c) if v in keys)]))
+                for c in self.members}
 
     def accept(self, sender: int, body: m.ShareKeys) -> None:
         recipients = [v for v, _ in body.sealed]
@@ -169,33 +189,41 @@ class _ShareKeys(_Stage):
         if (len(body.commitments) != size
                 or commitment_digest(body.commitments) != self.r.keys[sender].commitment):
             raise MalformedMessage("share commitments do not match the advertised digest")
+        self.recipients[sender] = recipients
 
     def close(self) -> _Stage:
-        for c, body in self.answers.items():
-            self.r.sealed[c] = dict(body.sealed)
+        router = BundleRouter(self.r.graph)
+        for c in sorted(self.answers):
+            body = self.answers[c]
+            router.add(c, np.array(self.recipients[c], dtype=np.uint64),
+                       b"".join([blob for _, blob in body.sealed]))
             self.r.commitments[c] = body.commitments
         self.r.require(len(self.answers), self.name)
+        router.seal()
+        self.r.router, self.r.shared = router, frozenset(self.answers)
         return _MaskedInput(self.r, tuple(sorted(self.answers)))
 
 
 class _MaskedInput(_Stage):
     expects, name = m.MaskedInput, "masked input"
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.shared_at = np.zeros(len(r.graph.ring), dtype=bool)
+        self.shared_at[r.graph.positions(np.array(sorted(r.shared), dtype=np.uint64))] = True
+
     def outgoing(self) -> dict[int, bytes]:
-        out = {}
-        sealed = self.r.sealed
-        for c in self.members:
-            bundles = tuple((v, sealed[v][c]) for v in self.r.graph.neighbours(c)
-                            if v in sealed and c in sealed[v])
-            out[c] = self.r.message(c, m.ForwardedShares(bundles))
-        return out
+        router = self.r.router
+        assert router is not None
+        return {c: self.r.message(c, m.ForwardedShares.KIND, router.body(c)) for c in self.members}
 
     def accept(self, sender: int, body: m.MaskedInput) -> None:
         try:
             words = self.r.encoder.from_bytes(body.words, self.r.params.length + 2)
         except SecAggError:
             raise MalformedMessage("masked input has the wrong size or range") from None
-        if words.size and int(words.max()) >> self.r.encoder.modulus_bits:
+        if (self.r.encoder.modulus_bits < 8 * words.itemsize and words.size
+                and int(words.max()) >> self.r.encoder.modulus_bits):
             raise MalformedMessage("masked input has a word outside the modulus")
         partners = self._partners(sender, body.partners)
         if self.r.params.active:
@@ -212,32 +240,44 @@ class _MaskedInput(_Stage):
         self.answers[sender] = body
         np.add(self.r.total, words, out=self.r.total)
 
-    def _partners(self, sender: int, bits: bytes) -> frozenset[int]:
-        """P_sender from its partner bitmap: bit x - 1 is its neighbour at x-coordinate x. Only
-        neighbours whose bundle the server forwarded to it, at least t of them."""
+    def _partners(self, sender: int, bits: bytes) -> np.ndarray:
+        """P_sender from its partner bitmap, as k flags: bit x - 1 is its neighbour at x-coordinate
+        x. Only neighbours whose bundle the server forwarded to it, at least t of them."""
         graph, k = self.r.graph, self.r.graph.degree
         if len(bits) != (k + 7) // 8:
             raise MalformedMessage("partner attestation has the wrong size")
-        flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")
+        flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little").astype(bool)
         if flags[k:].any():
             raise MalformedMessage("partner attestation sets a bit beyond the degree")
-        neighbours = graph.neighbours(sender)
-        partners = frozenset(neighbours[i] for i in np.flatnonzero(flags[:k]).tolist())
-        if len(partners) < self.r.threshold or any(
-                sender not in self.r.sealed.get(v, ()) for v in partners):
+        flags = flags[:k]
+        at = graph.neighbour_positions(np.array([graph.position(sender)]))[0][flags]
+        # A partner in ``shared`` addressed a bundle to every neighbour in ``keys``, the sender too.
+        if at.size < self.r.threshold or not self.shared_at[at].all():
             raise MalformedMessage("partner attestation names fewer than t partners or one whose "
                                    "bundle it was never sent")
-        return partners
+        return flags
 
     def close(self) -> _Stage:
-        self.r.survivors = tuple(sorted(self.answers))
-        self.r.require(len(self.r.survivors), self.name)
-        alive, partners = set(self.r.survivors), self.r.partners
-        for v in self.r.survivors:
-            for w in partners[v]:
-                if w in alive and v not in partners[w]:
-                    raise ProtocolAbort(f"{self.name}: client {v} masked with client {w} but not the "
-                                        "reverse (a share bundle was lost): the masks cannot cancel")
+        r = self.r
+        r.survivors = tuple(sorted(self.answers))
+        r.require(len(r.survivors), self.name)
+        graph, k = r.graph, r.graph.degree
+        at = graph.positions(np.array(r.survivors, dtype=np.uint64))
+        r.flags = np.array([r.partners[v] for v in r.survivors], dtype=bool).reshape(-1, k)
+        r.neighbours = graph.neighbour_positions(at)
+        r.alive_at = np.zeros(len(graph.ring), dtype=bool)
+        r.alive_at[at] = True
+        row_at = np.full(len(graph.ring), -1, dtype=np.int64)
+        row_at[at] = np.arange(at.size)
+        # v masked with w (w alive): w must have masked with v, whom w sees at x' = k + 1 - x.
+        mutual = r.flags & r.alive_at[r.neighbours]
+        reverse = r.flags[row_at[r.neighbours], np.arange(k)[::-1]]
+        lost = np.argwhere(mutual & ~reverse)
+        if lost.size:
+            row, column = lost[0].tolist()
+            v, w = r.survivors[row], graph.ring[int(r.neighbours[row, column])]
+            raise ProtocolAbort(f"{self.name}: client {v} masked with client {w} but not the "
+                                "reverse (a share bundle was lost): the masks cannot cancel")
         if self.r.params.active:
             return _Consistency(self.r, self.r.survivors)
         return _Unmask(self.r, self.r.survivors)
@@ -247,15 +287,20 @@ class _Consistency(_Stage):
     expects, name = m.ConsistencySignature, "consistency check"
     in_sum = True
 
+    def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
+        super().__init__(r, members)
+        self.statement: bytes | None = None
+
     def outgoing(self) -> dict[int, bytes]:
-        request = m.ConsistencyRequest(self.r.survivors)
-        return {c: self.r.message(c, request) for c in self.members}
+        body = body_bytes(m.ConsistencyRequest(self.r.survivors))
+        return {c: self.r.message(c, m.ConsistencyRequest.KIND, body) for c in self.members}
 
     def accept(self, sender: int, body: m.ConsistencySignature) -> None:
+        if self.statement is None:  # one list for everybody: serialised once
+            self.statement = consistency_message(self.r.session, self.r.round_index, self.r.survivors,
+                                                 params=self.r.digest)
         try:
-            crypto.verify(self.r.directory[sender], body.signature,
-                          consistency_message(self.r.session, self.r.round_index, self.r.survivors,
-                                              params=self.r.digest))
+            crypto.verify(self.r.directory[sender], body.signature, self.statement)
         except CryptoError:
             raise MalformedMessage("survivor signature does not verify") from None
 
@@ -274,95 +319,163 @@ class _Unmask(_Stage):
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
-        self.alive = alive = frozenset(r.survivors)
+        assert r.flags is not None and r.neighbours is not None and r.alive_at is not None
+        ring = np.array(r.graph.ring, dtype=np.uint64)
         # The dropped clients whose masks are in the sum: d in P_v for a survivor v (attested).
-        self.needs: dict[int, list[int]] = {}
-        for v in r.survivors:
-            for d in r.partners[v]:
-                if d not in alive:
-                    self.needs.setdefault(d, []).append(v)
+        rows, columns = np.nonzero(r.flags & ~r.alive_at[r.neighbours])
+        at = r.neighbours[rows, columns]
+        order = np.argsort(at, kind="stable")  # by d, then survivor order
+        at, rows = at[order], rows[order]
+        bounds = np.flatnonzero(np.diff(at)) + 1
+        survivors = np.array(r.survivors, dtype=np.uint64)
+        self.needs: dict[int, list[int]] = {
+            int(ring[group[0]]): survivors[members_of].tolist()
+            for group, members_of in zip(np.split(at, bounds), np.split(rows, bounds), strict=True)
+            if group.size}
         self.dropped = tuple(sorted(self.needs))
-        # A holder is asked about exactly the owners whose shares it attested to hold.
-        self.asked: dict[int, dict[int, int]] = {
-            c: {v: m.SHARE_OF_SEED if v in alive else m.SHARE_OF_MASK_KEY for v in r.partners[c]}
-            for c in members}
-        self.shares: dict[tuple[int, int], dict[int, int]] = {}
+        # A holder is asked about exactly the owners whose shares it attested to hold: the seed
+        # share of each alive one, the mask-key share of each dropped one (ids ascending).
+        row_of = {v: i for i, v in enumerate(r.survivors)}
+        self.lists: dict[int, tuple[list[int], list[int]]] = {}
+        self.asked: dict[int, frozenset[tuple[int, int]]] = {}
+        for c in members:
+            held = r.neighbours[row_of[c]][r.flags[row_of[c]]]
+            alive = r.alive_at[held]
+            seeds, keys = np.sort(ring[held[alive]]).tolist(), np.sort(ring[held[~alive]]).tolist()
+            self.lists[c] = seeds, keys
+            self.asked[c] = frozenset(zip(seeds, repeat(m.SHARE_OF_SEED))) | frozenset(
+                zip(keys, repeat(m.SHARE_OF_MASK_KEY)))
+        self.hasher = ShareHasher(r.session, r.round_index)
+        # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
+        self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._committed: tuple[np.ndarray, np.ndarray] | None = None
+        self._points: tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray] | None = None
 
     def outgoing(self) -> dict[int, bytes]:
+        r = self.r
+        # Every survivor gets the same signatures and many the same attestations: packed once.
+        bodies = UnmaskRequestBodies(sorted(r.signatures.items()), r.attestations)
         out = {}
         for c in self.members:
-            ask = self.asked[c]
-            alive = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_SEED)
-            dropped = tuple(v for v, kind in sorted(ask.items()) if kind == m.SHARE_OF_MASK_KEY)
-            sigs = tuple(sorted(self.r.signatures.items()))
-            attestations = tuple((v, *self.r.attestations[v]) for v in alive
-                                 if self.r.params.active and v not in self.r.signatures)
-            out[c] = self.r.message(c, m.UnmaskRequest(alive, dropped, sigs, attestations))
+            alive, dropped = self.lists[c]
+            attested = [v for v in alive if v not in r.signatures] if r.params.active else []
+            out[c] = r.message(c, m.UnmaskRequest.KIND, bodies.body(alive, dropped, attested))
         return out
+
+    def _commitments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every owner's share hashes as one (owners, 2k, 32) byte array, and the row of each
+        ring index (-1 for a client that shared nothing)."""
+        if self._committed is None:
+            r = self.r
+            owners = sorted(r.commitments)
+            rows = np.full(len(r.graph.ring), -1, dtype=np.int64)
+            rows[r.graph.positions(np.array(owners, dtype=np.uint64))] = np.arange(len(owners))
+            table = np.frombuffer(b"".join([r.commitments[o] for o in owners]), dtype=np.uint8)
+            self._committed = table.reshape(len(owners), -1, COMMITMENT_BYTES), rows
+        return self._committed
 
     def accept(self, sender: int, body: m.UnmaskResponse) -> None:
         ask = self.asked[sender]
         shares = body.shares
-        owners = [o for o, _, _ in shares]
-        if (len(shares) != len(ask) or len(set(owners)) != len(owners)
-                or any(ask.get(o) != k for o, k, _ in shares)):
+        if not shares:
+            if ask:
+                raise MalformedMessage("unmask response does not answer exactly what was asked")
+            self.answers[sender] = body
+            return
+        owners, kinds, values = zip(*shares, strict=True)
+        # Exactly the (owner, kind) pairs asked, each once: one kind per owner, so owners are distinct.
+        if len(shares) != len(ask) or set(zip(owners, kinds, strict=True)) != ask:
             raise MalformedMessage("unmask response does not answer exactly what was asked")
-        if max((share for _, _, share in shares), default=b"") >= _PRIME_BYTES:  # fixed-width BE
+        if max(values) >= _PRIME_BYTES:  # fixed-width big-endian
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
-        r, store = self.r, self.shares
-        hashes = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES
-        for owner, kind, share in shares:
-            x = r.graph.x_of(owner, sender)
-            committed = r.commitments[owner][(x - 1) * hashes + kind * COMMITMENT_BYTES:][:COMMITMENT_BYTES]
-            if share_hash(r.session, r.round_index, owner, x, kind, share) != committed:
-                r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
-                continue
-            slot = store.get((owner, kind))
-            if slot is None:
-                slot = store[(owner, kind)] = {}
-            slot[x] = share
+        r = self.r
+        graph = r.graph
+        at = graph.positions(np.array(owners, dtype=np.uint64))
+        xs = graph.x_at(at, graph.position(sender))
+        kind = np.array(kinds, dtype=np.int64)
+        hashes = self.hasher.digests(owners, xs.tolist(), kinds, values)
+        table, rows = self._commitments()
+        committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
+        good = (np.frombuffer(hashes, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES) == committed).all(axis=1)
+        if not good.all():
+            owner = owners[int(np.flatnonzero(~good)[-1])]
+            r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+        points = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
+        self.taken.append((at[good], kind[good], xs[good], points[good]))
+
+    def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
+        """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
+        slice, and the sorted x-coordinates and share bytes."""
+        if self._points is None:
+            if self.taken:
+                at, kinds, xs, values = (np.concatenate(part) for part in zip(*self.taken, strict=True))
+            else:
+                at = kinds = xs = np.empty(0, dtype=np.int64)
+                values = np.empty((0, shamir.SHARE_BYTES), dtype=np.uint8)
+            key = at * 2 + kinds
+            order = np.lexsort((xs, key))
+            key, xs, values = key[order], xs[order], values[order]
+            bounds = np.flatnonzero(np.diff(key)) + 1
+            starts = np.concatenate(([0], bounds)).astype(np.int64)
+            ends = np.concatenate((bounds, [key.size])).astype(np.int64)
+            slices = {} if not key.size else dict(zip(key[starts].tolist(), zip(
+                starts.tolist(), ends.tolist(), strict=True), strict=True))
+            self._points = slices, xs, values
+            self.taken = []
+        return self._points
 
     def _secret(self, owner: int, kind: int) -> bytes:
-        points = self.shares.get((owner, kind), {})
-        if len(points) < self.r.threshold:
-            raise ProtocolAbort(f"unmask: {len(points)} share(s) of client {owner}'s secret, "
+        slices, xs, values = self._group()
+        start, end = slices.get(self.r.graph.position(owner) * 2 + kind, (0, 0))
+        if end - start < self.r.threshold:
+            raise ProtocolAbort(f"unmask: {end - start} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
-        xs = tuple(sorted(points)[: self.r.threshold])
+        end = start + self.r.threshold  # the smallest x-coordinates that answered
         try:
-            return shamir.combine_one(xs, [points[x] for x in xs])
+            block, size = values[start:end].tobytes(), shamir.SHARE_BYTES
+            return shamir.combine_one(tuple(xs[start:end].tolist()),
+                                      [block[i:i + size] for i in range(0, len(block), size)])
         except SecAggError:
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
 
-    def _mask_terms(self):
-        """(AES key, sign) of every mask term to remove, derived lazily (overlaps with AES)."""
+    def _mask_terms(self) -> list[tuple[bytes, int]]:
+        """(AES key, sign) of every mask term to remove; the secrets are rebuilt first."""
         r = self.r
-        for u in r.survivors:
-            seed = self._secret(u, m.SHARE_OF_SEED)
-            yield self_mask_key(seed, r.session, r.round_index, u), -1
+        start = time.perf_counter()
+        seeds = [(u, self._secret(u, m.SHARE_OF_SEED)) for u in r.survivors]
+        keys: list[tuple[int, crypto.KeyPair]] = []
         for d in self.dropped:
-            partners = self.needs[d]
             try:
                 recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
             except CryptoError:
                 recovered = None
             if recovered is None or recovered.public != r.keys[d].mask_key:
                 raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
-            for v in partners:
+            keys.append((d, recovered))
+        rebuilt = time.perf_counter()
+        r.profile["secrets"] = rebuilt - start
+        terms = [(self_mask_key(seed, r.session, r.round_index, u), -1) for u, seed in seeds]
+        for d, recovered in keys:
+            for v in self.needs[d]:
                 # v added +mask if v < d else -mask; remove exactly that.
-                yield mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d), (
-                    -1 if v < d else +1)
+                terms.append((mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
+                              -1 if v < d else +1))
+        r.profile["keys"] = time.perf_counter() - rebuilt
+        return terms
 
     def close(self) -> None:
         r = self.r
         assert r.total is not None
         # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
         # workers only makes them wait; the expansion then runs on all cores.
-        terms = list(self._mask_terms())
+        terms = self._mask_terms()
+        start = time.perf_counter()
         correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
+        r.profile["masks"] = time.perf_counter() - start
         return None
 
 
@@ -444,6 +557,13 @@ class MaskedServer:
         match its commitment (left out of the reconstruction)."""
         return dict(self._round.misbehaved)
 
+    @property
+    def profile(self) -> dict[str, float]:
+        """Seconds of the unmask stage's close spent rebuilding secrets from shares (``secrets``),
+        deriving the mask keys (``keys``: key agreement and HKDF) and regenerating the masks into
+        the total (``masks``: AES-CTR and the additions); empty before the round completes."""
+        return dict(self._round.profile)
+
     def outgoing(self) -> dict[int, bytes]:
         """Messages of the current stage, by recipient."""
         if self._stage is None:
@@ -455,7 +575,7 @@ class MaskedServer:
         stage = self._stage
         if sender in self._round.rejected or sender in self._round.ignored:
             return  # removed from the round, or spoiled an answer: nothing it sends is taken again
-        if stage is None or sender not in stage.members or sender in stage.answers:
+        if stage is None or sender not in stage.member_set or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
             self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
             return

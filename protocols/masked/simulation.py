@@ -3,13 +3,21 @@
 Dropout stages: a client set to drop at stage s answers the stages before s and nothing from s on.
 1 = after advertising keys, 2 = after sharing keys, 3 = after sending its masked input,
 4 = during unmasking (in active mode 3 means it skips the consistency check too).
+
+Where the honest clients compute is a :class:`ClientExecutor` ("map these client calls"): by
+default every ``handle`` runs here, one after another, interleaved with the server's ``receive``
+exactly as before. Another executor (the Ray backend, ``fedsec.backends``) builds each client from
+its :class:`ClientSpec` where it runs and answers a stage's messages in parallel; the driver still
+delivers the replies to the server in the order it sent the messages. A client whose executor loses
+it (a worker died) stops answering, like a dropout, for the rest of the round.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,14 +35,38 @@ _STAGE_INDEX = {"advertise keys": 0, "share keys": 1, "masked input": 2, "consis
                 "unmask": 4}
 
 
+@dataclass(frozen=True)
+class ClientSpec:
+    """Everything that builds one honest :class:`MaskedClient` (its constructor's arguments)."""
+
+    client_id: int
+    session: bytes
+    round_index: int
+    update: np.ndarray
+    weight: int
+    rng: np.random.Generator
+    signing_key: SigningKey | None
+    directory: Mapping[int, bytes] | None
+    policy: ClientPolicy
+    noise: Callable[[int], np.ndarray] | None
+
+    def build(self) -> MaskedClient:
+        return MaskedClient(client_id=self.client_id, session=self.session, round_index=self.round_index,
+                            update=self.update, weight=self.weight, rng=self.rng,
+                            signing_key=self.signing_key, directory=self.directory, policy=self.policy,
+                            noise=self.noise)
+
+
 @dataclass
 class SimulatedRound:
-    """A fresh session: its id, graph, server and one honest client per input."""
+    """A fresh session: its id, graph, server and one honest client per input (and the specs
+    they were built from)."""
 
     session: bytes
     graph: RingGraph
     server: MaskedServer
     clients: dict[int, MaskedClient]
+    specs: dict[int, ClientSpec] = field(default_factory=dict)
 
 
 def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int],
@@ -68,23 +100,80 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
                           corrupt=corrupt, population=population or len(ids))
     if policy is None:
         policy = ClientPolicy(require_active=active, corrupt=corrupt, population=population or len(ids))
-    clients = {
-        c: MaskedClient(client_id=c, session=session, round_index=round_index, update=updates[c],
-                        weight=weights[c], rng=rngs[c],
-                        signing_key=identities[c] if active else None, directory=directory,
-                        policy=policy, noise=noise)
+    specs = {
+        c: ClientSpec(client_id=c, session=session, round_index=round_index, update=updates[c],
+                      weight=weights[c], rng=rngs[c], signing_key=identities[c] if active else None,
+                      directory=directory, policy=policy, noise=noise)
         for c in ids
     }
-    return SimulatedRound(session, graph, server, clients)
+    return SimulatedRound(session, graph, server, {c: spec.build() for c, spec in specs.items()}, specs)
+
+
+@dataclass(frozen=True)
+class Handled:
+    """One client's answer to one message.
+
+    Attributes:
+        reply: its reply (None: it sends nothing).
+        abort: the :class:`ClientAbort` reason if it aborted, else None.
+        seconds: time it spent on the message (wall clock where it ran).
+        lost: the executor lost the client (its worker died): no reply, and none again this round.
+    """
+
+    reply: bytes | None = None
+    abort: str | None = None
+    seconds: float = 0.0
+    lost: str | None = None
+
+
+class ClientCalls(ABC):
+    """The clients of one round, hosted where an executor runs them."""
+
+    @abstractmethod
+    def handle(self, messages: Sequence[tuple[int, bytes]]) -> Iterator[tuple[int, Handled]]:
+        """Have each client handle its message; yield ``(client, answer)`` in the order given."""
+
+    def close(self) -> None:
+        """Release the round's clients (nothing by default)."""
+
+
+class ClientExecutor(ABC):
+    """Where the honest clients of simulated rounds compute."""
+
+    @abstractmethod
+    def open(self, specs: Mapping[int, ClientSpec]) -> ClientCalls:
+        """Build one round's clients from their specs where they will run."""
+
+
+class LocalCalls(ClientCalls):
+    """The default: the given client objects, in this process, one after another, each message
+    handled only when its answer is asked for (so a driver interleaves it with the server)."""
+
+    def __init__(self, clients: Mapping[int, MaskedClient]) -> None:
+        self.clients = clients
+
+    def handle(self, messages: Sequence[tuple[int, bytes]]) -> Iterator[tuple[int, Handled]]:
+        for client_id, message in messages:
+            start = time.perf_counter()
+            try:
+                reply = self.clients[client_id].handle(message)
+            except ClientAbort as abort:
+                yield client_id, Handled(abort=abort.reason, seconds=time.perf_counter() - start)
+                continue
+            yield client_id, Handled(reply=reply, seconds=time.perf_counter() - start)
 
 
 @dataclass
 class RoundTrace:
-    """What happened to each client, and the time each party spent."""
+    """What happened to each client, and the time each party spent: wall-clock seconds, and the
+    server's CPU seconds per stage (every thread of the process while the server runs; on a shared
+    machine less sensitive to other jobs than the wall clock)."""
 
     aborts: dict[int, str] = field(default_factory=dict)
+    lost: dict[int, str] = field(default_factory=dict)
     client_seconds: dict[int, float] = field(default_factory=dict)
     server_stage_seconds: dict[str, float] = field(default_factory=dict)
+    server_stage_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def server_seconds(self) -> float:
@@ -92,38 +181,48 @@ class RoundTrace:
 
 
 def run_round(server: MaskedServer, clients: Mapping[int, MaskedClient], *,
-              drop_at: Mapping[int, int] | None = None, transport: Transport | None = None) -> RoundTrace:
-    """Drive ``server`` and ``clients`` until the round completes; ProtocolAbort propagates."""
+              drop_at: Mapping[int, int] | None = None, transport: Transport | None = None,
+              calls: ClientCalls | None = None) -> RoundTrace:
+    """Drive ``server`` and ``clients`` until the round completes; ProtocolAbort propagates.
+
+    ``calls`` (default: ``clients`` here, one after another) is where the clients handle their
+    messages; the server receives the replies in the order of its outgoing messages either way."""
     transport = transport or InMemoryTransport()
+    calls = calls if calls is not None else LocalCalls(clients)
     drops = dict(drop_at or {})
     trace = RoundTrace(client_seconds={c: 0.0 for c in clients})
     while not server.done:
         name = server.stage
         stage = _STAGE_INDEX[name]
-        spent = 0.0
-        start = time.perf_counter()
+        spent = cpu = 0.0
+        start, start_cpu = time.perf_counter(), time.process_time()
         outgoing = server.outgoing()
         spent += time.perf_counter() - start
+        cpu += time.process_time() - start_cpu
+        batch = []
         for client_id, message in outgoing.items():
             transport.to_client(client_id, message)
-            if drops.get(client_id, 99) <= stage or client_id in trace.aborts:
+            if drops.get(client_id, 99) <= stage or client_id in trace.aborts or client_id in trace.lost:
                 continue
-            start = time.perf_counter()
-            try:
-                reply = clients[client_id].handle(message)
-            except ClientAbort as abort:
-                trace.aborts[client_id] = abort.reason
+            batch.append((client_id, message))
+        for client_id, answer in calls.handle(batch):
+            trace.client_seconds[client_id] = trace.client_seconds.get(client_id, 0.0) + answer.seconds
+            if answer.lost is not None:
+                trace.lost[client_id] = answer.lost
                 continue
-            finally:
-                trace.client_seconds[client_id] += time.perf_counter() - start
-            if reply is not None:
-                transport.to_server(client_id, reply)
-                start = time.perf_counter()
-                server.receive(client_id, reply)
+            if answer.abort is not None:
+                trace.aborts[client_id] = answer.abort
+                continue
+            if answer.reply is not None:
+                transport.to_server(client_id, answer.reply)
+                start, start_cpu = time.perf_counter(), time.process_time()
+                server.receive(client_id, answer.reply)
                 spent += time.perf_counter() - start
-        start = time.perf_counter()
+                cpu += time.process_time() - start_cpu
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             server.close()
         finally:
             trace.server_stage_seconds[name] = spent + time.perf_counter() - start
+            trace.server_stage_cpu_seconds[name] = cpu + time.process_time() - start_cpu
     return trace

@@ -24,7 +24,7 @@ def naive_clipped_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, bound:
         grads = torch.autograd.grad(loss(model(x[i:i + 1]), y[i:i + 1]).sum(), params,
                                     allow_unused=True)
         grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
-        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-        for t, g in zip(total, grads, strict=True):
-            t += min(1.0, bound / float(norm)) * g
+        norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads)))
+        for t, g in zip(total, grads, strict=True):  # a zero gradient adds zero at any scale
+            t += (min(1.0, bound / norm) if norm > 0 else 1.0) * g
     return total

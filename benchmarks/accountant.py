@@ -1,0 +1,130 @@
+"""The privacy budget's per-round cost late in a long run, against the from-scratch computation.
+
+Every round the budget asks for epsilon after the next round (its stop rule) and reports epsilon
+and the RDP cross-check; the ledger of a run with one cost profile is one Gaussian event whose
+step count grows every round. Before this change each of those numbers was recomputed from the
+whole ledger (dp-accounting from scratch); now the PLD goes through the cached running engine
+(:mod:`dp.analysis.pld_running`) and the RDP through the cached per-step series.
+
+For each workload and each round r in 10, 100, 1,000 the benchmark brings a fresh budget's ledgers
+to round r - 3, runs rounds r - 2, r - 1 and r as a run does (``before_round``, ``charge``,
+``after_round``) and times the faster of rounds r - 1 and r (``new_s``; the first round after
+the jump builds the engines); the reference (``old_s``) is what the budget
+computed per round before, timed in the same run: the PLD of the ledger after the next round and
+the RDP of the ledger, from scratch. ``epsilon`` and ``epsilon_from_scratch`` are the reported
+values both ways. ``round_s`` is the measured time of one round of the README's default experiment
+(four hospitals, logistic regression, masking, DP-SGD), the denominator of ``share_of_round``.
+
+    python -m benchmarks.accountant [--rounds 10 100 1000] [--skip-round-time]
+
+Last stdout line (JSON): {"workloads": {name: {"profile": ..., "accountant": ..., "rounds":
+{r: {"old_s", "new_s", "speedup", "epsilon", "epsilon_from_scratch"}}}}, "round_s": ...,
+"share_of_round_at_max": {name: new_s / round_s}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from fedsec.dp.analysis import pld, prv, rdp
+from fedsec.dp.ledger import GaussianEvent
+from fedsec.fl_core.history import RoundRecord
+from fedsec.protocols.privacy import PrivacyBudget
+
+from benchmarks._common import emit, log
+
+DELTA = 1e-5
+WORKLOADS = {
+    # the README default run taken to 1,000 rounds: sigma calibrated for epsilon 3 over 1,000 rounds
+    "readme_default_pld": (GaussianEvent(16.375, 16 / 114, 7), "pld", 3.0),
+    # DP-SGD at sigma 1, report only (no target): a long run's epsilon grows into the hundreds
+    "dpsgd_sigma1_pld": (GaussianEvent(1.0, 16 / 114, 7), "pld", 0.0),
+    # a lower sampling rate and 100 steps a round: 100,000 steps at round 1,000, the finest grid
+    "dpsgd_q001_pld": (GaussianEvent(1.0, 0.01, 100), "pld", 0.0),
+    "readme_default_rdp": (GaussianEvent(16.375, 16 / 114, 7), "rdp", 3.0),
+    "readme_default_prv": (GaussianEvent(16.375, 16 / 114, 7), "prv", 3.0),
+}
+OLD = {"pld": lambda events: pld.epsilon(events, DELTA, from_scratch=True),
+       "prv": lambda events: prv.epsilon(events, DELTA),
+       "rdp": lambda events: rdp.epsilon(events, DELTA, from_scratch=True)}
+
+
+def _record(round_index: int) -> RoundRecord:
+    return RoundRecord(round=round_index, accuracy=0.0, loss=0.0, train_loss=0.0, participants=4,
+                       dropped=0, upload_bytes=0, seconds=0.0, update_norm=0.0)
+
+
+def new_round(event: GaussianEvent, accountant: str, target: float, round_index: int
+              ) -> tuple[float, float]:
+    """(seconds of one round at ``round_index``, the epsilon reported at round ``round_index``) for
+    a fresh budget brought there."""
+    budget = PrivacyBudget(profiles=[[event]], delta=DELTA, target_epsilon=target,
+                           accountant=accountant, unit="example",
+                           noise_multiplier=event.noise_multiplier)
+    for a in budget.accountants:
+        for _ in range(max(round_index - 3, 0)):
+            a.record(event)
+    seconds = []
+    for r in range(max(round_index - 2, 1), round_index + 1):
+        record = _record(r)
+        start = time.perf_counter()
+        budget.before_round(r)
+        budget.charge(r)
+        budget.after_round(record)
+        seconds.append(time.perf_counter() - start)
+    return min(seconds[1:] or seconds), float(record.metrics["epsilon"])
+
+
+def old_round(event: GaussianEvent, accountant: str, target: float, round_index: int
+              ) -> tuple[float, float]:
+    """(seconds, epsilon) of what the budget computed for round ``round_index`` before: the
+    epsilon after the round (its stop rule; the same ledger is then reported from the cache) and
+    the RDP cross-check, each from the whole ledger."""
+    ledger = [GaussianEvent(event.noise_multiplier, event.sample_rate, event.steps * round_index)]
+    start = time.perf_counter()
+    value = OLD[accountant](ledger)
+    OLD["rdp"](ledger)
+    return time.perf_counter() - start, float(value)
+
+
+def round_time(rounds: int = 3) -> float:
+    """Mean seconds of one round of the README's default experiment (rounds 2..)."""
+    from fedsec.config import make_config
+    from fedsec.experiment import build_experiment
+
+    experiment = build_experiment(make_config({"rounds": rounds}))
+    result = experiment.server.run()
+    seconds = [r.seconds for r in result.records[1:]] or [result.records[0].seconds]
+    return sum(seconds) / len(seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--skip-round-time", action="store_true")
+    args = parser.parse_args()
+    out: dict = {"workloads": {}, "delta": DELTA}
+    for name, (event, accountant, target) in WORKLOADS.items():
+        rows = {}
+        for r in args.rounds:
+            new_s, eps = new_round(event, accountant, target, r)
+            old_s, eps_old = old_round(event, accountant, target, r)
+            rows[str(r)] = {"old_s": round(old_s, 4), "new_s": round(new_s, 4),
+                            "speedup": round(old_s / max(new_s, 1e-9), 1),
+                            "epsilon": eps, "epsilon_from_scratch": eps_old}
+            log(f"{name} round {r}: {rows[str(r)]}")
+        out["workloads"][name] = {"profile": [event.noise_multiplier, event.sample_rate, event.steps],
+                                  "accountant": accountant, "target_epsilon": target, "rounds": rows}
+    if not args.skip_round_time:
+        out["round_s"] = round(round_time(), 4)
+        last = str(max(args.rounds))
+        out["share_of_round_at_max"] = {
+            name: round(w["rounds"][last]["new_s"] / out["round_s"], 4)
+            for name, w in out["workloads"].items()}
+        log(f"round time of the default experiment: {out['round_s']} s")
+    emit(out)
+
+
+if __name__ == "__main__":
+    main()

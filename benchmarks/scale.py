@@ -1,0 +1,167 @@
+"""Scale: the Ray backend against the local one, and the largest federation in memory.
+
+1. Speed: digits CNN, 50 clients (all of them every round), E = 5 local epochs, B = 10, pairwise
+   masking (SecAgg, complete graph), no DP. The same configuration runs on the local backend
+   (every client in this process) and on a local Ray of ``--cpus`` CPUs (``sim.backend = "ray"``:
+   training and the masking clients on Ray workers, the server here), in this one process, one
+   after the other in the order local, Ray, Ray, local (so a drift in the shared machine's load
+   weighs on both); ``local_s`` and ``ray_s`` are the medians of their rounds. A round's time is
+   the history's ``seconds`` (sampling to evaluation); Ray's start (connecting, starting the
+   workers, putting the clients' data in the object store) is reported apart as ``ray_startup_s``.
+2. Size: synthetic data, 10,000 clients, C = 0.01 (100 clients a round), SecAgg+ (Harary graph),
+   logistic regression, no standardisation (its set-up round would mask all 10,000 clients at
+   once), ``secure.corrupt`` 0.001 of the population (10 colluders; at 0.01 no threshold is safe
+   for 100 clients a round), on the local backend, in a fresh process: its round time and its
+   peak resident memory (``resource.getrusage``), with the memory after importing fedsec and
+   torch as the reference.
+
+    python -m benchmarks.scale [--rounds 3] [--cpus 2] [--clients 10000]
+
+The reference measured in the same run, ``parallel_capacity``, is how many cores ``--cpus``
+processes running a fixed CPU-bound job at once get on the machine at that moment (CPU seconds
+over wall seconds; 2.0 on an idle 2-core machine): on a shared machine it bounds any backend's
+speedup.
+
+Last stdout line: {"local_s", "ray_s", "speedup", "ray_startup_s", "parallel_capacity", "rounds",
+"cpus", "workload",
+"federation": {"clients", "per_round", "round_s", "peak_rss_mb", "import_rss_mb", ...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks._common import emit, log
+
+WORKLOAD = {"seed": 0, "data.dataset": "digits", "data.clients": 50, "model.name": "cnn",
+            "train.local_epochs": 5, "train.batch_size": 10, "train.fraction": 1.0,
+            "secure.aggregation": "masking", "dp.mode": "none"}
+
+
+def federation_config(clients: int, rounds: int) -> dict[str, Any]:
+    return {"seed": 0, "rounds": rounds, "data.dataset": "synthetic", "data.clients": clients,
+            "data.samples": 10 * clients, "data.standardize": False, "model.name": "logreg",
+            "train.fraction": 0.01, "secure.aggregation": "masking", "secure.graph": "harary",
+            "secure.corrupt": 0.001, "dp.mode": "none"}
+
+
+def _spin(_: int = 0) -> tuple[float, float]:
+    """A fixed CPU-bound job (AES-CTR over 4 GiB, as the masks are): its wall and CPU seconds."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    encryptor = Cipher(algorithms.AES(bytes(32)), modes.CTR(bytes(16))).encryptor()
+    block = bytes(1 << 20)
+    for _ in range(4096):
+        encryptor.update(block)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def parallel_capacity(cpus: int) -> float:
+    """How many cores ``cpus`` processes get at once on this machine right now: the CPU seconds
+    of the same job run in each of them at once, over the longest one's wall seconds. 2.0 on an
+    idle 2-core machine; near 1 or below when other jobs take the rest (then no backend can run 2x
+    faster than one process)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(cpus) as pool:
+        pool.map(_spin, range(cpus), chunksize=1)  # warm the processes
+        runs = pool.map(_spin, range(cpus), chunksize=1)
+    return sum(cpu for _, cpu in runs) / max(wall for wall, _ in runs)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def round_seconds(values: dict[str, Any]) -> tuple[list[float], float]:
+    """Per-round seconds of one run, and its wall time outside the rounds (start-up)."""
+    from fedsec.config import make_config
+    from fedsec.experiment import build_experiment
+
+    start = time.perf_counter()
+    experiment = build_experiment(make_config(values))
+    result = experiment.server.run()
+    wall = time.perf_counter() - start
+    seconds = [r.seconds for r in result.records]
+    if any(r.status != "ok" for r in result.records):
+        raise RuntimeError(f"a round aborted: {[r.status for r in result.records]}")
+    return seconds, wall - sum(seconds)
+
+
+def federation(clients: int, rounds: int) -> dict[str, Any]:
+    """Part 2, run in its own process so its peak memory is its own."""
+    import torch
+
+    from fedsec.config import make_config
+    from fedsec.experiment import build_experiment
+
+    torch.set_num_threads(1)
+    imported = peak_rss_mb()
+    start = time.perf_counter()
+    experiment = build_experiment(make_config(federation_config(clients, rounds)))
+    built = time.perf_counter() - start
+    result = experiment.server.run()
+    last = result.records[-1]
+    return {"clients": clients, "per_round": last.participants + last.dropped,
+            "round_s": statistics.median(r.seconds for r in result.records),
+            "rounds": [round(r.seconds, 3) for r in result.records], "build_s": round(built, 3),
+            "peak_rss_mb": round(peak_rss_mb(), 1), "import_rss_mb": round(imported, 1),
+            "secagg_degree": int(last.metrics["secagg_degree"]),
+            "secagg_threshold": int(last.metrics["secagg_threshold"]),
+            "participants": [r.participants for r in result.records]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each of the four speed runs")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray")
+    parser.add_argument("--clients", type=int, default=10000, help="clients of the size run")
+    parser.add_argument("--federation-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.federation_only:
+        emit(federation(args.clients, 2))
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    log(f"size: {args.clients} clients, SecAgg+ (fresh process)")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--federation-only",
+                           "--clients", str(args.clients)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=True)
+    size = json.loads(done.stdout.strip().splitlines()[-1])
+    log(f"size: {size}")
+    speed = {**WORKLOAD, "rounds": args.rounds}
+    ray_config = {**speed, "sim.backend": "ray", "sim.num_cpus": args.cpus}
+    local: list[float] = []
+    remote: list[float] = []
+    startups: list[float] = []
+    for backend in ("local", "ray", "ray", "local"):  # ABBA: drift in the machine's load cancels
+        log(f"speed: {backend} backend" + (f", {args.cpus} CPUs" if backend == "ray" else ""))
+        seconds, startup = round_seconds(speed if backend == "local" else ray_config)
+        (local if backend == "local" else remote).extend(seconds)
+        if backend == "ray":
+            startups.append(startup)
+        log(f"{backend} rounds: {seconds}")
+    local_s, ray_s = statistics.median(local), statistics.median(remote)
+    capacity = parallel_capacity(args.cpus)
+    log(f"parallel capacity of {args.cpus} processes: {capacity:.2f}")
+    emit({"local_s": round(local_s, 3), "ray_s": round(ray_s, 3), "speedup": round(local_s / ray_s, 2),
+          "ray_startup_s": round(statistics.median(startups), 2),
+          "parallel_capacity": round(capacity, 2), "rounds": args.rounds, "cpus": args.cpus,
+          "local_rounds": [round(s, 3) for s in local], "ray_rounds": [round(s, 3) for s in remote],
+          "workload": "digits cnn, 50 clients, E=5, B=10, masking (complete), no DP",
+          "federation": size, "machine_cpus": os.cpu_count()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The Ray backend gives the local backend's history (apart from timings) for the same seed."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from fedsec.backends import ray_runner
+from fedsec.config import make_config
+from fedsec.experiment import build_experiment, run_experiment
+
+pytestmark = pytest.mark.slow
+
+BASE = {"seed": 11, "rounds": 2, "data.dataset": "digits", "data.clients": 6, "model.name": "logreg",
+        "train.batch_size": 32, "secure.aggregation": "masking", "dp.mode": "dpsgd",
+        "dp.noise_multiplier": 1.0, "dp.target_epsilon": 0.0, "dp.reproducible": True}
+RAY = {"sim.backend": "ray"}
+TIMINGS = ("seconds",)
+
+
+def history(path) -> list[dict[str, str]]:
+    rows = list(csv.DictReader(open(path / "history.csv")))
+    for row in rows:
+        for column in TIMINGS:
+            row.pop(column)
+    return rows
+
+
+def test_masking_and_dpsgd_history_equals_local(ray_local, tmp_path):
+    run_experiment(make_config(BASE), out=tmp_path / "local", audit=False)
+    run_experiment(make_config({**BASE, **RAY}), out=tmp_path / "ray", audit=False)
+    local, remote = history(tmp_path / "local"), history(tmp_path / "ray")
+    assert len(local) == 2 and all(row["participants"] == "6" for row in local)
+    assert remote == local
+
+
+def test_a_mispredicted_noise_stream_is_redone_not_reused(ray_local, monkeypatch):
+    """Make the driver's prediction of each client's draw wrong: the runner notices from where the
+    workers' streams ended, re-runs from the first wrong one, and the model is the local one."""
+    config = make_config({**BASE, "rounds": 1, "data.clients": 4, "secure.aggregation": "none"})
+    reference = build_experiment(config)
+    local = reference.server.run()
+    monkeypatch.setattr(ray_runner, "stream_bytes", lambda trainer, n, p: 8 * n)
+    experiment = build_experiment(make_config({**BASE, **RAY, "rounds": 1, "data.clients": 4,
+                                               "secure.aggregation": "none"}))
+    result = experiment.server.run()
+    assert experiment.server.runner.redone >= 3
+    np.testing.assert_array_equal(result.vector, local.vector)
+    # the driver's stream goes on where the local backend's does (next round, checkpoint)
+    streams = [ray_runner.find_dpsgd(e.server.strategy).optimizer.random.state_dict()
+               for e in (reference, experiment)]
+    assert streams[0] == streams[1] and streams[0]["offset"] > 0
+
+
+def test_without_reproducible_every_client_draws_a_fresh_stream(ray_local):
+    """No key travels and no two clients share noise: two clients with the same data and seed
+    still send different DP-SGD updates."""
+    from fedsec.dp import DPSGD
+    from fedsec.fl_core import ArrayDataset, ClientTask, FedAvg, FederatedDataset, build_model
+    from fedsec.protocols.privacy.trainer import DPSGDTrainer
+
+    from fedsec.backends.ray_runner import RayClientRunner, WorkerPool
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 5)).astype(np.float32), rng.integers(0, 2, 20).astype(np.int64)
+    same = ArrayDataset(x, y)
+    data = FederatedDataset(name="twins", clients=(same, same), test=same, n_classes=2, input_shape=(5,),
+                            standardize=False)
+    model = build_model("logreg", input_shape=(5,), n_classes=2, seed=0)
+    strategy = FedAvg(trainer=DPSGDTrainer(DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=5)))
+    runner = RayClientRunner(WorkerPool(workers=2), reproducible=False)
+    runner.start(model=model, strategy=strategy, data=data)
+    try:
+        vector = np.zeros(sum(p.numel() for p in model.parameters()), np.float32)
+        first, second = runner.run(vector, [ClientTask(0, 5), ClientTask(1, 5)])
+    finally:
+        runner.stop()
+    assert not np.allclose(first.vector, second.vector)
+    assert len(strategy.trainer.reports) == 2
