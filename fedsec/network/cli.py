@@ -64,6 +64,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--policy", required=True, metavar="SITE.toml")
     check.add_argument("--state", metavar="DIR", help="the site's state directory (its ledger)")
     check.set_defaults(network_handler=_site_check)
+    from fedsec.network import keyholder_cli
+
+    keyholder_cli.register(commands)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD
     except OSError as error:
         detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
-        print(f"fedsec: {args.command} {args.tool} failed: {detail}", file=sys.stderr)
+        what = " ".join(part for part in (args.command, getattr(args, "tool", None)) if part)
+        print(f"fedsec: {what} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
 
 

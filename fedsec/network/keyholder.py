@@ -1,0 +1,251 @@
+"""The Paillier key holder as a network service (``fedsec keyholder``).
+
+One process, run by the auditor, holding the only Paillier decryption key of a key-holder-custody
+federation. It is a :class:`~fedsec.network.transport.TransportServer` that admits **only the
+coordinator** (certificate role ``server`` and the name given with ``--coordinator``): every
+message of :mod:`protocols.paillier` between the sites and the key holder (announcement,
+registration, welcome) is signed or sealed end to end and was designed to be relayed by the server,
+so the sites never dial the key holder. That keeps the key holder's firewall to one inbound peer,
+hides the sites' addresses from it, and leaves the protocol's trust argument unchanged (the relay
+can drop or replay these messages, which the protocol already handles; it can read or forge none).
+
+Topics (each one call, answered by one reply):
+
+* ``paillier/announce`` (empty) -> the signed :class:`~protocols.paillier.messages.Announcement`,
+  signed with the key holder's certificate identity key (sites check it against the key holder's
+  certificate, which the coordinator relays and each site verifies against the CA).
+* ``paillier/enrol`` (:func:`encode_enrolment`: client id, a site's certificate) -> empty. The
+  key holder verifies the certificate itself (the study's root, role ``site``, the revocation
+  list, ``--sites`` if given) and takes the site's Ed25519 identity key from it: a coordinator
+  can enrol only real, unrevoked sites, each under one id forever (:class:`KeyHolderState`).
+* ``paillier/register`` (a Registration) -> the Welcome; the registration is stored, so a
+  restarted key holder still knows it.
+* ``paillier/decrypt`` (a signed DecryptionRequest) -> the DecryptionResult or the fixed
+  ``REFUSAL`` bytes. The request's signature is checked against the identity key in the
+  certificate of the coordinator on this very TLS connection, never a key sent in a message.
+* ``paillier/status`` (empty) -> JSON ``{"key_id", "epoch", "threshold", "last_sequence"}``
+  (public facts; a restarted coordinator learns the next sequence number from it).
+
+Every call is written to the key holder's signed ``audit.db`` (who, topic, sizes and SHA-256 of
+request and reply; a decryption as ``decrypt.served`` with the sequence and contributors, or
+``decrypt.refused`` with the sequence and the **reason**, which only this log ever holds: the
+peer gets one opaque refusal). Calls are served one at a time, on one thread
+(:class:`OneThread`): the protocol object is not thread-safe, SQLite connections belong to the
+thread that opened them, and decryptions are CPU-bound anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from fedsec.audit.log import AuditLog
+from fedsec.network.errors import PeerRejected
+from fedsec.network.keyholder_state import EnrolmentConflict, KeyHolderState
+from fedsec.network.pki import Peer, Trust, verify_peer
+from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.paillier.keyholder import PaillierKeyHolder
+from fedsec.protocols.paillier.messages import DecryptionRequest, decode
+from fedsec.protocols.paillier.spec import RoundSpec
+from fedsec.protocols.wire import open_envelope, start_envelope
+from fedsec.secagg.keys import SigningKey
+
+ANNOUNCE, ENROL, REGISTER, DECRYPT, STATUS = ("paillier/announce", "paillier/enrol", "paillier/register",
+                                              "paillier/decrypt", "paillier/status")
+TOPICS = (ANNOUNCE, ENROL, REGISTER, DECRYPT, STATUS)
+_MAGIC, _VERSION, _ENROL_KIND = b"FSKH", 1, 1
+MAX_CERT_BYTES = 16 << 10
+
+
+def raw_identity(key: ed25519.Ed25519PublicKey) -> bytes:
+    """The raw 32 bytes of an Ed25519 public key (what the protocols verify with)."""
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def load_identity(path: str | Path) -> SigningKey:
+    """A party's Ed25519 identity key from its ``NAME.identity.key`` (PKCS#8 PEM, unencrypted)."""
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (ValueError, TypeError):
+        raise ValueError(f"identity: {path} is not an unencrypted PEM private key") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ValueError(f"identity: {path} is not an Ed25519 key")
+    private = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                serialization.NoEncryption())
+    return SigningKey(private, raw_identity(key.public_key()))
+
+
+def encode_enrolment(client_id: int, cert_pem: bytes) -> bytes:
+    """The ``paillier/enrol`` payload: enrol the site of ``cert_pem`` as ``client_id``."""
+    return start_envelope(_MAGIC, _VERSION, _ENROL_KIND).u64(client_id).blob(cert_pem).getvalue()
+
+
+def decode_enrolment(data: bytes) -> tuple[int, bytes]:
+    """``(client_id, cert_pem)`` from a ``paillier/enrol`` payload; MalformedMessage otherwise."""
+    r = open_envelope(data, _MAGIC, _VERSION, _ENROL_KIND, family="key holder", name="enrolment")
+    client_id, cert = r.u64(), bytes(r.view())
+    r.end()
+    if len(cert) > MAX_CERT_BYTES:
+        raise MalformedMessage("enrolment: certificate too large")
+    return client_id, cert
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class KeyHolderService:
+    """The key holder's request handler over its state directory.
+
+    Args:
+        state: the opened state directory (key, burned numbers, enrolments, registrations).
+        identity: the key holder's Ed25519 identity key (its certificate's).
+        name: its certificate name (the audit log's actor).
+        trust: the study's root and revocation list (to verify enrolled sites' certificates).
+        sites: site names it enrols (``None``: any site the root certified and did not revoke).
+    """
+
+    def __init__(self, *, state: KeyHolderState, identity: SigningKey, name: str, trust: Trust,
+                 sites: frozenset[str] | None = None) -> None:
+        self.state, self.trust, self.sites, self.name = state, trust, sites, name
+        key = state.key
+        self.holder = PaillierKeyHolder(threshold=key.threshold, server_identity=bytes(32),
+                                        identity=identity, epoch=key.epoch, store=state.sequences,
+                                        private_key=key.private_key, tag_secret=key.tag_secret,
+                                        mac_key=key.mac_key)
+        self.key_id = key.public_key.key_id
+        for client_id, _, public in state.enrolled():
+            self.holder.enroll(client_id, public)
+        replayed = state.registrations(self.key_id, key.epoch)
+        for message in replayed:
+            self.holder.register(message)
+        self.started = {**self.status(), "key_bits": key.public_key.key_bits, "new_key": state.created}
+        """The facts at start (status, key size, whether the key is new): safe to read from any thread."""
+        self.audit = AuditLog(state.audit_path, actor=name, key=identity, run_id=self.key_id.hex())
+        self._lock = threading.Lock()
+        self.audit.append("start", details={
+            "key_id": self.key_id.hex(), "epoch": key.epoch, "threshold": key.threshold,
+            "key_bits": key.public_key.key_bits, "new_key": state.created,
+            "last_sequence": self.holder.last_sequence, "enrolled": len(state.enrolled()),
+            "registrations": len(replayed)})
+
+    def status(self) -> dict:
+        key = self.state.key
+        return {"key_id": self.key_id.hex(), "epoch": key.epoch, "threshold": key.threshold,
+                "last_sequence": self.holder.last_sequence}
+
+    def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
+        """One admitted call (the transport admitted only the coordinator)."""
+        with self._lock:
+            if topic == ANNOUNCE:
+                reply = self.holder.announcement()
+                self._record("announce", peer, payload, reply)
+            elif topic == STATUS:
+                reply = json.dumps(self.status(), sort_keys=True).encode()
+                self._record("status", peer, payload, reply)
+            elif topic == ENROL:
+                reply = self._enrol(peer, payload)
+            elif topic == REGISTER:
+                reply = self._register(peer, payload)
+            elif topic == DECRYPT:
+                reply = self._decrypt(peer, payload)
+            else:
+                self._record("refused", peer, payload, b"", extra={"topic": topic[:64]})
+                raise MalformedMessage("unknown topic")
+            return reply
+
+    def _record(self, action: str, peer: Peer, request: bytes, reply: bytes, *, extra: dict | None = None,
+                sequence: int | None = None) -> None:
+        details = {"peer": peer.name, "request_bytes": len(request), "request_sha256": _digest(request),
+                   "reply_bytes": len(reply), "reply_sha256": _digest(reply), **(extra or {})}
+        self.audit.append(action, round=sequence, stage="keyholder", details=details)
+
+    def _enrol(self, peer: Peer, payload: bytes) -> bytes:
+        try:
+            client_id, cert_pem = decode_enrolment(payload)
+            site = verify_peer(x509.load_pem_x509_certificate(cert_pem), trust=self.trust, roles=("site",),
+                               roster=self.sites)
+            public = raw_identity(site.identity_key)
+            new = self.state.enrol(client_id, site.name, public)
+            self.holder.enroll(client_id, public)
+        except (MalformedMessage, PeerRejected, EnrolmentConflict, ValueError) as error:
+            reason = error.reason if isinstance(error, PeerRejected) else str(error)
+            self._record("enrol.refused", peer, payload, b"", extra={"reason": reason[:200]})
+            raise MalformedMessage("enrolment refused") from None
+        self._record("enrol", peer, payload, b"", extra={"client_id": client_id, "site": site.name,
+                                                         "new": new, "identity_sha256": _digest(public)})
+        return b""
+
+    def _register(self, peer: Peer, payload: bytes) -> bytes:
+        try:
+            welcome = self.holder.register(payload)
+        except MalformedMessage as error:
+            self._record("register.refused", peer, payload, b"", extra={"reason": str(error)[:200]})
+            raise MalformedMessage("registration refused") from None
+        self.state.record_registration(self.key_id, self.state.key.epoch, payload)
+        self._record("register", peer, payload, welcome)
+        return welcome
+
+    def _decrypt(self, peer: Peer, payload: bytes) -> bytes:
+        sequence = _claimed_sequence(payload)
+        self._record("decrypt.received", peer, payload, b"", sequence=sequence)
+        self.holder.server_identity = raw_identity(peer.identity_key)
+        served = self.holder.decryptions
+        reply = self.holder.respond(payload)
+        if self.holder.decryptions > served:
+            request = decode(payload, DecryptionRequest)
+            self._record("decrypt.served", peer, payload, reply, sequence=sequence,
+                         extra={"contributors": list(request.participants)})
+        else:
+            refused_at, reason = self.holder.refusals[-1]
+            self._record("decrypt.refused", peer, payload, reply, sequence=sequence,
+                         extra={"reason": reason, "refused_sequence": refused_at})
+        return reply
+
+    def close(self) -> None:
+        with self._lock:
+            self.audit.append("stop", details={"last_sequence": self.holder.last_sequence,
+                                               "decryptions": self.holder.decryptions})
+            self.audit.close()
+            self.state.close()
+
+
+def _claimed_sequence(payload: bytes) -> int | None:
+    """The sequence number a request claims (for the log only; unverified), or None."""
+    try:
+        sequence = RoundSpec.from_bytes(decode(payload, DecryptionRequest).spec).sequence
+    except (MalformedMessage, ValueError):
+        return None
+    return sequence if sequence < 1 << 63 else None
+
+
+class OneThread:
+    """Builds a :class:`KeyHolderService` on one dedicated thread and runs every call there.
+
+    Args:
+        build: makes the service (called on that thread, so its SQLite connections live there).
+    """
+
+    def __init__(self, build: Callable[[], KeyHolderService]) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyholder")
+        try:
+            self.service = self._executor.submit(build).result()
+        except BaseException:
+            self._executor.shutdown()
+            raise
+
+    def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
+        """:meth:`KeyHolderService.handle` on the service's thread (exceptions propagate)."""
+        return self._executor.submit(self.service.handle, peer, topic, payload).result()
+
+    def close(self) -> None:
+        self._executor.submit(self.service.close).result()
+        self._executor.shutdown()
