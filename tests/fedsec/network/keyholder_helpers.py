@@ -63,7 +63,8 @@ def _first_line(process: subprocess.Popen) -> str:
     return process.stdout.readline()
 
 
-def coordinator_client(study, port: int, party: str = "coordinator", deadline: float = 30.0) -> KeyHolderClient:
+def coordinator_client(study, port: int, party: str = "coordinator",
+                       deadline: float = 30.0) -> KeyHolderClient:
     who = study.parties[party] if isinstance(party, str) else party
     return KeyHolderClient(address=f"127.0.0.1:{port}", trust=study.trust(), cert_path=who.cert,
                            key_path=who.key, name="auditor", deadline=deadline)
@@ -83,8 +84,8 @@ class Federation:
         submissions received) and the expected sum (count word last)."""
         bound = 1000
         n = len(self.clients)
-        spec = RoundSpec(sequence=sequence, length=length, slot_bits=slot_bits_for(bound, n), word_bound=bound,
-                         max_contributions=n, tagged=True)
+        spec = RoundSpec(sequence=sequence, length=length, slot_bits=slot_bits_for(bound, n),
+                         word_bound=bound, max_contributions=n, tagged=True)
         server = PaillierServer(self.public_key, spec, expected=list(self.clients), threshold=2,
                                 identities={c: cl._identity.public for c, cl in self.clients.items()},
                                 identity=self.coordinator_identity)
@@ -104,7 +105,8 @@ def enrol_sites(study, client: KeyHolderClient, names: list[str], rng: np.random
     for client_id, name in enumerate(names):
         party = study.parties[name]
         client.enrol(client_id, party.cert_pem)
-        site = PaillierClient(client_id, identity=load_identity(identity_path(party)), announcer_identity=announcer)
+        site = PaillierClient(client_id, identity=load_identity(identity_path(party)),
+                              announcer_identity=announcer)
         site.receive_welcome(client.register(site.receive_announcement(announcement)))
         clients[client_id] = site
     coordinator = load_identity(identity_path(study.parties["coordinator"]))
