@@ -207,6 +207,24 @@ class BoostingConfig:
 
 
 @dataclass(frozen=True)
+class FederationConfig:
+    """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
+
+    sites: tuple = _opt((), "a list of site names as in their certificates (the roster; site i is "
+                            "client i, so its length is data.clients)",
+                        lambda v: all(isinstance(s, str) and s for s in v) and len(set(v)) == len(v))
+    server: str = _opt("coordinator", "the coordinator's certificate name",
+                       lambda v: bool(v))
+    min_sites: int = _opt(3, "an integer >= 2 (the fewest sites a round may run with)",
+                          lambda v: v >= 2)
+    stage_timeout: float = _opt(60.0, "a number > 0 (seconds a site has to answer one stage; a "
+                                      "site that misses it is a dropout for that round)",
+                                lambda v: 0 < v <= 86400)
+    join_timeout: float = _opt(600.0, "a number > 0 (seconds the coordinator waits for the "
+                                      "roster to join before round 1)", lambda v: 0 < v <= 86400)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment; build it with :func:`load_config` or :func:`make_config`."""
 
@@ -222,6 +240,7 @@ class ExperimentConfig:
     cocoa: CoCoAConfig = field(default_factory=CoCoAConfig)
     mocha: MochaConfig = field(default_factory=MochaConfig)
     boosting: BoostingConfig = field(default_factory=BoostingConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
 
     def to_toml(self) -> str:
         """The configuration as TOML text that :func:`load_config` reads back to an equal config."""
@@ -247,6 +266,8 @@ def _section_fields(obj: Any) -> list[dataclasses.Field]:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -269,10 +290,12 @@ def key_fields() -> dict[str, tuple[type, dataclasses.Field]]:
 
 
 def _type_of(cls: type, f: dataclasses.Field) -> type:
-    return {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+    return {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}[str(f.type)]
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
+    if kind is tuple and isinstance(value, list):
+        value = tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -343,6 +366,14 @@ def make_config(values: Mapping[str, Any] | None = None) -> ExperimentConfig:
     return config
 
 
+def loads_config(text: str) -> ExperimentConfig:
+    """A configuration from TOML text (a plan a site received), validated like a file."""
+    try:
+        return make_config(_flatten(tomllib.loads(text)))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError("config", f"not valid TOML: {error}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> ExperimentConfig:
     """Defaults, then the TOML file at ``path`` (if any), then ``key=value`` overrides."""
     values: dict[str, Any] = {}
@@ -403,6 +434,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     _check_linear_methods(config)
     _check_boosting(config)
     _check_privacy(config)
+    _check_federation(config)
     if model.name == "cnn" and data.dataset != "digits":
         raise ConfigError("model.name", f"'cnn' needs image data (data.dataset = 'digits'), "
                                         f"got data.dataset = {data.dataset!r}")
@@ -425,6 +457,19 @@ def _check_combinations(config: ExperimentConfig) -> None:
         raise ConfigError("data.shards_per_client", f"data.clients x data.shards_per_client must be "
                                                     f"<= {n_train} training samples; got "
                                                     f"{data.clients * data.shards_per_client}")
+
+
+def _check_federation(config: ExperimentConfig) -> None:
+    f = config.federation
+    if not f.sites:
+        return
+    if len(f.sites) != config.data.clients:
+        raise ConfigError("federation.sites", f"lists {len(f.sites)} sites; data.clients is "
+                                              f"{config.data.clients} (site i is client i)")
+    if f.min_sites > len(f.sites):
+        raise ConfigError("federation.min_sites", f"must be <= the {len(f.sites)} sites of the roster")
+    if config.secure.dropout:
+        raise ConfigError("secure.dropout", "must be 0 in a deployment plan (real sites drop out)")
 
 
 def _check_algorithm(config: ExperimentConfig) -> None:

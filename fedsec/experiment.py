@@ -72,6 +72,14 @@ def build_experiment(
     if config.train.algorithm == "boosting":
         raise ConfigError("train.algorithm", "boosting has no FedAvg server loop: use run_experiment")
     rng = np.random.default_rng(config.seed)
+    data, local_tests = load_data(config, rng)
+    return assemble_experiment(config, data, rng, observers=observers, local_tests=local_tests)
+
+
+def load_data(config: ExperimentConfig, rng: np.random.Generator
+              ) -> tuple[fl_core.FederatedDataset, tuple[fl_core.ArrayDataset, ...]]:
+    """The run's data and, for personalization, each client's local test split (drawn from ``rng``,
+    the run generator, as the first thing a run does)."""
     d, t = config.data, config.train
     try:
         data = fl_core.load_federated(
@@ -96,13 +104,35 @@ def build_experiment(
             data, local_tests = personalization.split(config, data, rng)
         except fl_core.InvalidParameterError as error:
             raise ConfigError("personal.holdout", str(error)) from None
+    return data, local_tests
+
+
+ProtocolFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset, np.random.Generator],
+                           fl_core.AggregationProtocol]
+StrategyWrapper = Callable[[fl_core.Strategy], fl_core.Strategy]
+
+
+def assemble_experiment(
+    config: ExperimentConfig, data: fl_core.FederatedDataset, rng: np.random.Generator, *,
+    observers: list[RoundObserver] | None = None, local_tests: tuple[fl_core.ArrayDataset, ...] = (),
+    protocol_factory: ProtocolFactory | None = None, strategy_wrapper: StrategyWrapper | None = None,
+    evaluator: Callable[[Any, fl_core.ArrayDataset], dict[str, float]] | None = None,
+) -> Experiment:
+    """Build model, strategy, protocol and privacy for ``data`` and wire the server loop, drawing
+    from ``rng`` exactly as :func:`build_experiment` does after loading the data.
+
+    A deployed coordinator (:mod:`fedsec.network`) passes its own ``protocol_factory`` (the secure
+    layer over the network, in place of :func:`build_protocol`), a ``strategy_wrapper`` (local
+    updates run at the sites) and an ``evaluator`` (federated evaluation).
+    """
+    t = config.train
     model = fl_core.build_model(
         config.model.name,
         input_shape=data.input_shape,
         n_classes=data.n_classes,
         seed=int(rng.integers(0, 2**63 - 1)),
     )
-    protocol = build_protocol(config, data, rng)
+    protocol = (protocol_factory or build_protocol)(config, data, rng)
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -122,6 +152,8 @@ def build_experiment(
     strategy = build_strategy(config, trainer, weighting=weighting)
     if privacy is not None and privacy.zero_on_failure:
         strategy = fl_core.ZeroOnFailure(strategy)
+    if strategy_wrapper is not None:
+        strategy = strategy_wrapper(strategy)
     history = HistoryRecorder()
     extra = [privacy.budget] if privacy is not None else []
     server = fl_core.FederatedServer(
@@ -135,6 +167,7 @@ def build_experiment(
         target_accuracy=t.target_accuracy or None,
         stop_tol=t.stop_tol,
         observers=[history, *extra, *(observers or [])],
+        evaluator=evaluator,
     )
     extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = []
     if robust_summary:

@@ -1,0 +1,116 @@
+"""The interface between the deployment framework and one secure layer (see the package docstring).
+
+The coordinator side is an ``AggregationProtocol`` whose ``aggregate`` drives stages over an
+:data:`Exchange`; the site side answers them. The first message of an aggregation to a site is
+``first_message(setup, message)``: a JSON object (the layer's setup: purpose, round, the ring's
+certificates, whatever the layer needs) and the first protocol message.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedsec.config import ExperimentConfig
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fedsec.network import envelope
+from fedsec.network.pki import Peer, Trust
+from fedsec.secagg.keys import SigningKey
+
+Exchange = Callable[[str, Mapping[int, bytes]], dict[int, bytes]]
+"""``exchange(stage, {client: message}) -> {client: reply}``: sends one message to each client's
+site and returns the replies that arrived before the stage deadline (``federation.stage_timeout``
+seconds). A site that misses the deadline, aborts, or is not connected is absent from the result:
+a dropout for the rest of this aggregation."""
+
+
+@dataclass
+class CoordinatorContext:
+    """What a coordinator layer gets from the framework.
+
+    Attributes:
+        config: the plan.
+        rng: the run generator; draw from it exactly what the simulation's protocol draws.
+        names: the roster; client id i is ``names[i]``.
+        certificates: ``name -> PEM`` of every site's TLS-verified certificate (relayed to the
+            ring, which verifies each one itself).
+        peers: ``name -> Peer`` of the same certificates, as the coordinator verified them (the
+            identity key each binds).
+        max_weight: the public bound on a site's weight (the largest reported n_k).
+        exchange: see :data:`Exchange`.
+    """
+
+    config: ExperimentConfig
+    rng: np.random.Generator
+    names: tuple[str, ...]
+    certificates: Mapping[str, bytes]
+    peers: Mapping[str, Peer]
+    max_weight: int
+    exchange: Exchange
+
+
+class CoordinatorLayer(AggregationProtocol, ABC):
+    """The coordinator side of a layer: an aggregation protocol over the network."""
+
+    def __init__(self, context: CoordinatorContext) -> None:
+        self.context = context
+        self.last_dropped: dict[int, str] = {}
+        """Sites asked in the last call that are not in the sum, with why (for the audit)."""
+
+    @abstractmethod
+    def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
+                  purpose: Purpose = "update") -> AggregateResult:
+        """Sum the contributions the sites of ``updates`` hold for (``round_index``, ``purpose``)."""
+
+
+@dataclass
+class SiteContext:
+    """What a site layer gets from the framework.
+
+    Attributes:
+        config: the plan, as the site accepted it.
+        name: this site's certificate name; ``client_id`` its position on the roster.
+        names: the roster.
+        identity: this site's Ed25519 identity key (its certificate binds the public half).
+        trust: the federation's root and revocation list (to verify relayed certificates).
+    """
+
+    config: ExperimentConfig
+    name: str
+    client_id: int
+    names: tuple[str, ...]
+    identity: SigningKey
+    trust: Trust
+
+
+class SiteLayer(ABC):
+    """The site side of one aggregation.
+
+    Args:
+        context: the site's context.
+        setup: the layer's setup from the first message (untrusted: validate everything).
+        vector: this site's contribution (float32) for the aggregation the setup names.
+        weight: its integer weight (n_k or 1).
+    """
+
+    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
+                 weight: int) -> None:
+        self.context, self.setup, self.vector, self.weight = context, setup, vector, weight
+
+    @abstractmethod
+    def handle(self, stage: str, message: bytes) -> bytes | None:
+        """Answer one stage message (the reply, or None); raise ``ClientAbort`` to refuse."""
+
+
+def first_message(setup: dict[str, Any], message: bytes) -> bytes:
+    """The first message of an aggregation to one site: the setup and the first protocol message."""
+    return envelope.encode(setup, message)
+
+
+def split_first(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """Inverse of :func:`first_message`; raises ``MalformedEnvelope``."""
+    return envelope.decode(data)

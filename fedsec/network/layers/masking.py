@@ -1,0 +1,195 @@
+"""Pairwise-mask secure aggregation (SecAgg / SecAgg+) between a coordinator and its sites.
+
+The coordinator runs :class:`~fedsec.protocols.masked.MaskedServer` and each site one
+:class:`~fedsec.protocols.masked.MaskedClient`, unchanged: the framework carries their canonical
+bytes. What the deployment adds:
+
+- identities: the directory of Ed25519 identity keys comes from the sites' certificates. The
+  coordinator relays the ring's certificates in the setup; every site verifies each one against
+  the study's root, the role ``site``, the revocation list and the roster name of its client id,
+  and refuses (``ClientAbort``) a ring where its own entry does not carry its own key. A field a
+  peer sends never names a key.
+- the encoder's clip and bits are pinned by the site from its own copy of the plan (updates) or
+  to the statistics clip, never taken from the coordinator's parameters; the corrupt fraction and
+  the population (the roster's size) too.
+- randomness: the coordinator draws, from the run generator and in the simulation's order, one
+  stochastic-rounding seed per site and (``dp.reproducible``) the ring's order, so a reproducible
+  plan gives the simulation's sums. Only under ``dp.reproducible`` does a site use the seed it is
+  sent; otherwise it rounds with its own OS-seeded generator and the ring is shuffled by the OS
+  CSPRNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives import serialization
+
+from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
+from fedsec.network.errors import PeerRejected
+from fedsec.network.layers.base import (
+    CoordinatorContext,
+    CoordinatorLayer,
+    SiteContext,
+    SiteLayer,
+    first_message,
+)
+from fedsec.network.pki import verify_peer
+from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
+from fedsec.protocols.masked.graph import shuffled_ring
+from fedsec.protocols.masked.messages import SESSION_BYTES
+from fedsec.secagg.errors import SecAggError
+
+BAD_SETUP = "the aggregation's setup is malformed"
+BAD_CERTIFICATE = "a relayed certificate does not verify for its roster name"
+NOT_OURS = "the ring's entry for this site does not carry its own identity key"
+PURPOSES = ("update", "statistics")
+
+
+def identity_bytes(peer_key: Any) -> bytes:
+    """The raw 32 bytes of an Ed25519 public key."""
+    return peer_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+class MaskingCoordinator(CoordinatorLayer):
+    """The coordinator side: one :class:`MaskedServer` per aggregation, driven stage by stage."""
+
+    name = "masking"
+
+    def __init__(self, context: CoordinatorContext) -> None:
+        super().__init__(context)
+        s, config = context.config.secure, context.config
+        self.reproducible = config.dp.reproducible
+        # The simulation's protocol, used for its parameter rule (degree, threshold) only.
+        self.rules = MaskedAggregation(max_weight=context.max_weight, rng=context.rng, clip=s.clip,
+                                       bits=s.bits, graph=s.graph, threshold=s.threshold, active=s.active,
+                                       reproducible=self.reproducible, tolerated_corrupt=s.corrupt,
+                                       population=len(context.names))
+        self.last_misbehaved: dict[int, str] = {}
+
+    def min_contributions(self, n: int) -> int:
+        return self.rules.min_contributions(n)
+
+    def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
+                  purpose: Purpose = "update") -> AggregateResult:
+        ctx, s = self.context, self.context.config.secure
+        ids = [int(u.client_id) for u in updates]
+        n = len(ids)
+        degree, threshold = self.rules.parameters(n)
+        length = int(updates[0].vector.size)
+        encoder = encoder_for(purpose, clients=n, length=length, max_weight=ctx.max_weight, clip=s.clip,
+                              bits=s.bits)
+        seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
+        graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
+        session = os.urandom(SESSION_BYTES)
+        certificates = {str(c): ctx.certificates[ctx.names[c]].decode() for c in ids
+                        if ctx.names[c] in ctx.certificates}
+        directory = self._directory(ids) if s.active else None
+        population = self.rules.population_for(n)
+        server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
+                              encoder=encoder, length=length, active=s.active, directory=directory,
+                              corrupt=s.corrupt, population=population)
+        upload, first = 0, True
+        answered: set[int] = set()
+        try:
+            while not server.done:
+                stage = server.stage
+                outgoing = server.outgoing()
+                if first:
+                    setup = {"layer": self.name, "purpose": purpose, "round": round_index,
+                             "session": session.hex(), "certificates": certificates}
+                    outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if self.reproducible
+                                                              else {})}, m)
+                                for c, m in outgoing.items()}
+                    first = False
+                replies = ctx.exchange(stage, outgoing)
+                for c in sorted(replies):
+                    upload += len(replies[c])
+                    answered.add(c)
+                    server.receive(c, replies[c])
+                server.close()
+            total, survivors = server.result()
+        except (SecAggError, MalformedMessage) as error:
+            self.last_dropped = {c: "aborted" for c in ids}
+            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
+        except ProtocolAbort:
+            self.last_dropped = {c: "aborted" for c in ids}
+            raise
+        finally:
+            self.last_misbehaved = server.misbehaved
+        self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
+                             for c in ids if c not in set(survivors)}
+        weighted, total_weight, clipped = encoder.decode(total)
+        in_sum = set(survivors)
+        return AggregateResult(
+            weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
+            dropped=tuple(c for c in ids if c not in in_sum), upload_bytes=upload,
+            metrics={"clipped": float(clipped), "rejected": float(len(server.rejected)),
+                     "misbehaved": float(len(server.misbehaved)),
+                     "client_aborts": float(len([c for c in ids if c not in answered])),
+                     "secagg_degree": float(degree), "secagg_threshold": float(threshold)})
+
+    def _directory(self, ids: list[int]) -> dict[int, bytes]:
+        ctx = self.context
+        missing = [ctx.names[c] for c in ids if ctx.names[c] not in ctx.peers]
+        if missing:
+            raise ProtocolAbort(f"no verified certificate on record for {', '.join(missing)}")
+        return {c: identity_bytes(ctx.peers[ctx.names[c]].identity_key) for c in ids}
+
+
+class MaskingSite(SiteLayer):
+    """The site side: one :class:`MaskedClient` for its contribution, keys from the certificates."""
+
+    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
+                 weight: int) -> None:
+        super().__init__(context, setup=setup, vector=vector, weight=weight)
+        config, s = context.config, context.config.secure
+        purpose, round_index = setup.get("purpose"), setup.get("round")
+        session, certificates = setup.get("session"), setup.get("certificates")
+        if (purpose not in PURPOSES or isinstance(round_index, bool) or not isinstance(round_index, int)
+                or not isinstance(session, str) or not isinstance(certificates, dict)):
+            raise ClientAbort(BAD_SETUP)
+        try:
+            session_id = bytes.fromhex(session)
+        except ValueError:
+            raise ClientAbort(BAD_SETUP) from None
+        if len(session_id) != SESSION_BYTES:
+            raise ClientAbort(BAD_SETUP)
+        directory = self._directory(certificates) if s.active else None
+        seed = setup.get("seed")
+        if config.dp.reproducible:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                raise ClientAbort(BAD_SETUP)
+            rng = np.random.default_rng(seed)
+        else:
+            rng = np.random.default_rng()
+        update = purpose == "update"
+        policy = ClientPolicy(require_active=s.active, corrupt=s.corrupt, population=len(context.names),
+                              clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None)
+        self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
+                                   update=vector, weight=weight, rng=rng,
+                                   signing_key=context.identity if s.active else None, directory=directory,
+                                   policy=policy)
+
+    def _directory(self, certificates: dict[str, Any]) -> dict[int, bytes]:
+        ctx, directory = self.context, {}
+        for key, pem in certificates.items():
+            if not key.isdigit() or int(key) >= len(ctx.names) or not isinstance(pem, str):
+                raise ClientAbort(BAD_SETUP)
+            client = int(key)
+            try:
+                peer = verify_peer(pem.encode(), trust=ctx.trust, roles=("site",), roster={ctx.names[client]})
+            except (PeerRejected, ValueError):
+                raise ClientAbort(BAD_CERTIFICATE) from None
+            directory[client] = identity_bytes(peer.identity_key)
+        if directory.get(ctx.client_id) != ctx.identity.public:
+            raise ClientAbort(NOT_OURS)
+        return directory
+
+    def handle(self, stage: str, message: bytes) -> bytes | None:
+        return self.client.handle(message)
