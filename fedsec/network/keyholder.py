@@ -23,8 +23,9 @@ Topics (each one call, answered by one reply):
 * ``paillier/decrypt`` (a signed DecryptionRequest) -> the DecryptionResult or the fixed
   ``REFUSAL`` bytes. The request's signature is checked against the identity key in the
   certificate of the coordinator on this very TLS connection, never a key sent in a message.
-* ``paillier/status`` (empty) -> JSON ``{"key_id", "epoch", "threshold", "last_sequence"}``
-  (public facts; a restarted coordinator learns the next sequence number from it).
+* ``paillier/status`` (empty) -> JSON ``{"key_id", "epoch", "threshold", "last_sequence",
+  "certificate"}`` (public facts; a restarted coordinator learns the next sequence number from it,
+  and relays the key holder's certificate, PEM, to the sites with its announcement).
 
 Every call is written to the key holder's signed ``audit.db`` (who, topic, sizes and SHA-256 of
 request and reply; a decryption as ``decrypt.served`` with the sequence and contributors, or
@@ -42,6 +43,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -111,11 +113,13 @@ class KeyHolderService:
         name: its certificate name (the audit log's actor).
         trust: the study's root and revocation list (to verify enrolled sites' certificates).
         sites: site names it enrols (``None``: any site the root certified and did not revoke).
+        certificate: its own certificate (PEM), which ``paillier/status`` hands out.
     """
 
     def __init__(self, *, state: KeyHolderState, identity: SigningKey, name: str, trust: Trust,
-                 sites: frozenset[str] | None = None) -> None:
+                 sites: frozenset[str] | None = None, certificate: bytes = b"") -> None:
         self.state, self.trust, self.sites, self.name = state, trust, sites, name
+        self.certificate = certificate.decode()
         key = state.key
         self.holder = PaillierKeyHolder(threshold=key.threshold, server_identity=bytes(32),
                                         identity=identity, epoch=key.epoch, store=state.sequences,
@@ -127,7 +131,8 @@ class KeyHolderService:
         replayed = state.registrations(self.key_id, key.epoch)
         for message in replayed:
             self.holder.register(message)
-        self.started = {**self.status(), "key_bits": key.public_key.key_bits, "new_key": state.created}
+        facts = {k: v for k, v in self.status().items() if k != "certificate"}
+        self.started = {**facts, "key_bits": key.public_key.key_bits, "new_key": state.created}
         """The facts at start (status, key size, whether the key is new): safe to read from any thread."""
         self.audit = AuditLog(state.audit_path, actor=name, key=identity, run_id=self.key_id.hex())
         self._lock = threading.Lock()
@@ -140,7 +145,7 @@ class KeyHolderService:
     def status(self) -> dict:
         key = self.state.key
         return {"key_id": self.key_id.hex(), "epoch": key.epoch, "threshold": key.threshold,
-                "last_sequence": self.holder.last_sequence}
+                "last_sequence": self.holder.last_sequence, "certificate": self.certificate}
 
     def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
         """One admitted call (the transport admitted only the coordinator)."""
@@ -244,7 +249,11 @@ class OneThread:
 
     def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
         """:meth:`KeyHolderService.handle` on the service's thread (exceptions propagate)."""
-        return self._executor.submit(self.service.handle, peer, topic, payload).result()
+        return self.call(self.service.handle, peer, topic, payload)
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on the service's thread; its result (exceptions propagate)."""
+        return self._executor.submit(function, *args).result()
 
     def close(self) -> None:
         self._executor.submit(self.service.close).result()

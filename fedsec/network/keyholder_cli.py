@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     def build() -> KeyHolderService:
         state = KeyHolderState(args.state, threshold=args.threshold, key_bits=args.key_bits)
-        return KeyHolderService(state=state, identity=identity, name=me.name, trust=trust, sites=sites)
+        return KeyHolderService(state=state, identity=identity, name=me.name, trust=trust, sites=sites,
+                                certificate=cert_pem)
 
     runner = OneThread(build)
     service = runner.service

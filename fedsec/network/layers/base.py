@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,10 @@ class CoordinatorContext:
             identity key each binds).
         max_weight: the public bound on a site's weight (the largest reported n_k).
         exchange: see :data:`Exchange`.
+        identity: the coordinator's Ed25519 identity key (its certificate binds the public half;
+            the Paillier layer signs its key-holder requests with it).
+        trust, cert_path, key_path: the study's root and the coordinator's certificate and TLS
+            key files (a layer that dials another party, e.g. the Paillier key holder).
     """
 
     config: ExperimentConfig
@@ -51,6 +56,10 @@ class CoordinatorContext:
     peers: Mapping[str, Peer]
     max_weight: int
     exchange: Exchange
+    identity: SigningKey | None = None
+    trust: Trust | None = None
+    cert_path: Path | None = None
+    key_path: Path | None = None
 
 
 class CoordinatorLayer(AggregationProtocol, ABC):
@@ -77,6 +86,8 @@ class SiteContext:
         names: the roster.
         identity: this site's Ed25519 identity key (its certificate binds the public half).
         trust: the federation's root and revocation list (to verify relayed certificates).
+        state: the site's state directory (a layer's durable records, e.g. the Paillier key
+            share and endorsements), or None.
     """
 
     config: ExperimentConfig
@@ -85,6 +96,7 @@ class SiteContext:
     names: tuple[str, ...]
     identity: SigningKey
     trust: Trust
+    state: Path | None = None
 
 
 class SiteLayer(ABC):

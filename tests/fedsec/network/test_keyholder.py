@@ -63,7 +63,8 @@ def make_service(study, key_state, tmp_path):
 
     def make(sites=None):
         service = KeyHolderService(state=KeyHolderState(state_dir), identity=identity, name="auditor",
-                                   trust=study.trust(), sites=sites)
+                                   trust=study.trust(), sites=sites,
+                                   certificate=study.parties["auditor"].cert_pem)
         opened.append(service)
         return service
 
