@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _epsilon(args)
             if args.command == "sweep":
                 return _sweep(args)
-            if args.command in ("ca", "site", "keyholder"):
+            if args.command in network_cli.COMMANDS:
                 return network_cli.run(args)
             if args.command == "audit":
                 return audit_cli.main(args)

@@ -35,8 +35,8 @@ def _positive(v: float) -> bool:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = _opt("breast_cancer", "one of breast_cancer, digits, synthetic",
-                        choices=("breast_cancer", "digits", "synthetic"))
+    dataset: str = _opt("breast_cancer", "one of breast_cancer, digits, synthetic, csv",
+                        choices=("breast_cancer", "digits", "synthetic", "csv"))
     clients: int = _opt(4, "an integer >= 1 (K, the number of clients)", lambda v: v >= 1)
     standardize: bool = _opt(True, "true or false (federated feature scaling where the data set "
                                    "needs it; its statistics carry no DP noise)")
@@ -50,6 +50,14 @@ class DataConfig:
                         lambda v: v >= 10)
     features: int = _opt(10, "an integer in [1, 1000] (synthetic features)",
                          lambda v: 1 <= v <= 1000)
+    files: tuple[str, ...] = _opt((), "a list of CSV files, one per client (data.dataset = 'csv'; "
+                                      "relative to the config file's folder, or absolute)")
+    label: str = _opt("", "the label column's name (data.dataset = 'csv')")
+    columns: tuple[str, ...] = _opt((), "a list of feature column names in the model's input order "
+                                        "(data.dataset = 'csv'; empty = every column but the label)")
+    classes: tuple[str, ...] = _opt((), "a list of >= 2 declared label values (data.dataset = 'csv'; "
+                                        "class k is the k-th; with two, the second is the positive "
+                                        "class)")
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,7 @@ class BoostingConfig:
 class FederationConfig:
     """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
 
-    sites: tuple = _opt((), "a list of site names as in their certificates (the roster; site i is "
+    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; site i is "
                             "client i, so its length is data.clients)",
                         lambda v: all(isinstance(s, str) and s for s in v) and len(set(v)) == len(v))
     server: str = _opt("coordinator", "the coordinator's certificate name",
@@ -270,14 +278,14 @@ def _section_fields(obj: Any) -> list[dataclasses.Field]:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
         return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(str(v)) for v in value) + "]"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -294,12 +302,15 @@ def key_fields() -> dict[str, tuple[type, dataclasses.Field]]:
 
 
 def _type_of(cls: type, f: dataclasses.Field) -> type:
-    return {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}[str(f.type)]
+    return {"int": int, "float": float, "str": str, "bool": bool, "tuple[str, ...]": tuple}[str(f.type)]
 
 
 def _coerce(key: str, kind: type, value: Any) -> Any:
-    if kind is tuple and isinstance(value, list):
-        value = tuple(value)
+    if kind is tuple:
+        if not isinstance(value, list | tuple) or any(
+                isinstance(v, bool) or not isinstance(v, str | int) for v in value):
+            raise ConfigError(key, f"must be a list of strings, got {value!r}")
+        return tuple(str(v) for v in value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -359,6 +370,9 @@ def make_config(values: Mapping[str, Any] | None = None) -> ExperimentConfig:
                 key, f"{value!r} is not available yet in this version of fedsec (now: {allowed})"
             )
         resolved[key] = value
+    if resolved.get("data.dataset") == "csv" and resolved.get("data.files") \
+            and "data.clients" not in resolved:
+        resolved["data.clients"] = len(resolved["data.files"])
     top = {k: v for k, v in resolved.items() if "." not in k}
     sections: dict[str, Any] = {}
     for section in _section_fields(ExperimentConfig):
@@ -389,10 +403,58 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
             raise ConfigError("config", f"cannot read {path}: {error.strerror}") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError("config", f"{path} is not valid TOML: {error}") from None
+        values = _files_beside(values, Path(path).parent)
     for text in overrides:
         key, value = parse_override(text)
         values[key] = value
     return make_config(values)
+
+
+def _files_beside(values: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data.files`` of a TOML file: relative paths are taken from the file's folder."""
+    files = values.get("data.files")
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        values["data.files"] = [f if not f or Path(f).is_absolute() else str((folder / f).resolve())
+                                for f in files]
+    return values
+
+
+CSV_KEYS = ("files", "label", "columns", "classes")
+CSV_ALGORITHMS = ("fedavg", "fedsgd", "fedprox")
+
+
+def _check_csv(config: ExperimentConfig) -> None:
+    """``data.dataset = 'csv'``: its own keys only with it, a label and classes, one file per
+    client, and the keys of bundled data sets left alone."""
+    data, defaults = config.data, DataConfig()
+    if data.dataset != "csv":
+        for key in CSV_KEYS:
+            if getattr(data, key) != getattr(defaults, key):
+                raise ConfigError(f"data.{key}", "needs data.dataset = 'csv'")
+        return
+    if not data.label.strip():
+        raise ConfigError("data.label", "data.dataset = 'csv' needs the label column's name")
+    for key in ("files", "columns", "classes"):
+        values = [v.strip() for v in getattr(data, key)]
+        if any(not v for v in values) or len(set(values)) != len(values):
+            raise ConfigError(f"data.{key}", f"must hold distinct, non-empty names; got "
+                                             f"{list(getattr(data, key))}")
+    if len(data.classes) < 2:
+        raise ConfigError("data.classes", f"data.dataset = 'csv' needs >= 2 declared label values "
+                                          f"(e.g. [0, 1]); got {list(data.classes)}")
+    if data.label.strip() in [c.strip() for c in data.columns]:
+        raise ConfigError("data.columns", f"must not hold the label column {data.label!r}")
+    if data.files and data.clients != len(data.files):
+        raise ConfigError("data.clients", f"must equal the number of data.files ({len(data.files)}), "
+                                          f"one file per client; got {data.clients}")
+    for key in ("partition", "alpha", "shards_per_client", "setup", "samples", "features"):
+        if getattr(data, key) != getattr(defaults, key):
+            raise ConfigError(f"data.{key}", "does not apply to data.dataset = 'csv' (each file is "
+                                             "one client's data)")
+    if config.train.algorithm not in CSV_ALGORITHMS:
+        raise ConfigError("train.algorithm", f"data.dataset = 'csv' runs with "
+                                             f"{', '.join(CSV_ALGORITHMS)}; got "
+                                             f"{config.train.algorithm!r}")
 
 
 MIN_MASKING_CLIENTS = 3
@@ -402,6 +464,7 @@ MIN_MASKING_CLIENTS = 3
 def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
+    _check_csv(config)
     masking_only = (("graph", "complete"), ("active", True), ("corrupt", 0.1))
     paillier_only = (("key_bits", 2048), ("custody", "key_holder"))
     if secure.aggregation != "masking":
@@ -452,6 +515,8 @@ def _check_combinations(config: ExperimentConfig) -> None:
         if data.setup == 2 and data.clients < 3:
             raise ConfigError("data.clients", "synthetic set-up 2 (client 3's damaged sensor) "
                                               f"needs >= 3 clients; got {data.clients}")
+        return
+    if data.dataset == "csv":
         return
     n_train = training_samples(data.dataset, data.test_fraction)
     if data.clients > n_train:

@@ -81,21 +81,10 @@ def load_data(config: ExperimentConfig, rng: np.random.Generator
     """The run's data and, for personalization, each client's local test split (drawn from ``rng``,
     the run generator, as the first thing a run does)."""
     d, t = config.data, config.train
-    try:
-        data = fl_core.load_federated(
-            d.dataset,
-            n_clients=d.clients,
-            partition=d.partition,
-            test_fraction=d.test_fraction,
-            rng=rng,
-            alpha=d.alpha,
-            shards_per_client=d.shards_per_client,
-            synthetic_setup=d.setup,
-            synthetic_samples=d.samples,
-            synthetic_features=d.features,
-        )
-    except fl_core.InvalidParameterError as error:
-        raise ConfigError("data", str(error)) from None
+    if d.dataset == "csv":
+        data = _csv_data(config)
+    else:
+        data = _bundled_data(config, rng)
     if not d.standardize:
         data = dataclasses.replace(data, standardize=False)
     local_tests: tuple[fl_core.ArrayDataset, ...] = ()
@@ -110,20 +99,22 @@ def load_data(config: ExperimentConfig, rng: np.random.Generator
 ProtocolFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset, np.random.Generator],
                            fl_core.AggregationProtocol]
 StrategyWrapper = Callable[[fl_core.Strategy], fl_core.Strategy]
+EvaluatorFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset, fl_core.AggregationProtocol], Any]
 
 
 def assemble_experiment(
     config: ExperimentConfig, data: fl_core.FederatedDataset, rng: np.random.Generator, *,
     observers: list[RoundObserver] | None = None, local_tests: tuple[fl_core.ArrayDataset, ...] = (),
     protocol_factory: ProtocolFactory | None = None, strategy_wrapper: StrategyWrapper | None = None,
-    evaluator: Callable[[Any, fl_core.ArrayDataset], dict[str, float]] | None = None,
+    evaluator_factory: EvaluatorFactory | None = None,
 ) -> Experiment:
     """Build model, strategy, protocol and privacy for ``data`` and wire the server loop, drawing
     from ``rng`` exactly as :func:`build_experiment` does after loading the data.
 
     A deployed coordinator (:mod:`fedsec.network`) passes its own ``protocol_factory`` (the secure
     layer over the network, in place of :func:`build_protocol`), a ``strategy_wrapper`` (local
-    updates run at the sites) and an ``evaluator`` (federated evaluation).
+    updates run at the sites) and an ``evaluator_factory`` (federated evaluation over the secure
+    layer; ``evaluator(model, test)`` for the server loop, and a round observer when it is one).
     """
     t = config.train
     model = fl_core.build_model(
@@ -133,6 +124,7 @@ def assemble_experiment(
         seed=int(rng.integers(0, 2**63 - 1)),
     )
     protocol = (protocol_factory or build_protocol)(config, data, rng)
+    secure_layer = protocol  # the evaluation sums go through it, not through the DP or robust wrappers
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -140,10 +132,7 @@ def assemble_experiment(
         key = "dp.noise_multiplier" if config.dp.noise_multiplier else "dp.target_epsilon"
         raise ConfigError(key, f"{error} with dp.accountant = {config.dp.accountant!r}") from None
     notes = _check_budget(config, data, privacy, n_parameters) if privacy is not None else []
-    trainer: fl_core.LocalTrainer = (
-        fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
-                             prox_mu=t.prox_mu) if t.algorithm == "fedprox"
-        else fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr))
+    trainer = local_trainer(config)
     if privacy is not None:
         trainer = privacy.trainer or trainer
         protocol = privacy.protocol or protocol
@@ -155,7 +144,16 @@ def assemble_experiment(
     if strategy_wrapper is not None:
         strategy = strategy_wrapper(strategy)
     history = HistoryRecorder()
-    extra = [privacy.budget] if privacy is not None else []
+    extra: list[RoundObserver] = [privacy.budget] if privacy is not None else []
+    evaluator = None
+    if evaluator_factory is not None:
+        evaluator = evaluator_factory(config, data, secure_layer)
+    elif config.data.dataset == "csv":
+        from fedsec.site_data import build_evaluator
+
+        evaluator = build_evaluator(config, data, secure_layer)
+    if isinstance(evaluator, RoundObserver):
+        extra.append(evaluator)
     server = fl_core.FederatedServer(
         model=model,
         data=data,
@@ -176,6 +174,45 @@ def assemble_experiment(
         extras.append(lambda result, out_dir: personalization.report(config, server, local_tests,
                                                                      result, out_dir))
     return Experiment(config, data, server, history, privacy, notes, extras)
+
+
+def local_trainer(config: ExperimentConfig) -> fl_core.LocalTrainer:
+    """The non-private local trainer ``train.*`` asks for (FedProx's proximal one, or SGD)."""
+    t = config.train
+    if t.algorithm == "fedprox":
+        return fl_core.TorchTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr,
+                                    prox_mu=t.prox_mu)
+    return fl_core.SGDTrainer(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr)
+
+
+def _bundled_data(config: ExperimentConfig, rng: np.random.Generator) -> fl_core.FederatedDataset:
+    d = config.data
+    try:
+        return fl_core.load_federated(
+            d.dataset,
+            n_clients=d.clients,
+            partition=d.partition,
+            test_fraction=d.test_fraction,
+            rng=rng,
+            alpha=d.alpha,
+            shards_per_client=d.shards_per_client,
+            synthetic_setup=d.setup,
+            synthetic_samples=d.samples,
+            synthetic_features=d.features,
+        )
+    except fl_core.InvalidParameterError as error:
+        raise ConfigError("data", str(error)) from None
+
+
+def _csv_data(config: ExperimentConfig) -> fl_core.FederatedDataset:
+    """The sites' CSV files; a file that fails validation is a bad input (key ``data.files``)."""
+    from fedsec.fl_core.csv_data import SiteDataError
+    from fedsec.site_data import federated_dataset, load_sites
+
+    try:
+        return federated_dataset(config, load_sites(config))
+    except SiteDataError as error:
+        raise ConfigError("data.files", str(error)) from None
 
 
 def _check_budget(config: ExperimentConfig, data: fl_core.FederatedDataset, privacy: PrivacySetup,
@@ -405,8 +442,17 @@ def resume_experiment(out: str | Path, *, progress: bool = False) -> dict[str, A
             directory.publish()
 
 
+def execute_experiment(experiment: Experiment, out_dir: Path, *, audit: bool = True,
+                       checkpoints: bool = True) -> dict[str, Any]:
+    """Run a built experiment and write its run directory into ``out_dir`` (config, history,
+    summary, model, plots; ``audit``: the run's own audit log; ``checkpoints``: checkpoints of a
+    resumable configuration). Returns the summary. A deployed coordinator runs its server loop
+    through this, so its run directory is the simulation's."""
+    return _execute(experiment, out_dir, audit=audit, checkpoints=checkpoints)
+
+
 def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True,
-             checkpoint: Any = None) -> dict[str, Any]:
+             checkpoint: Any = None, checkpoints: bool = True) -> dict[str, Any]:
     """Run the federation (from ``checkpoint`` if given); with ``out_dir``, write the run's files."""
     import torch
 
@@ -426,7 +472,7 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
             if checkpoint is None:
                 recorder.start(config.sha256(), seed=config.seed, rounds=config.rounds,
                                aggregation=config.secure.aggregation, dp_mode=config.dp.mode)
-        if resumable(config):
+        if checkpoints and resumable(config):
             server.observers.append(CheckpointWriter(out_dir, config=config, server=server,
                                                      history=experiment.history,
                                                      privacy=experiment.privacy))
@@ -439,7 +485,7 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
                         reproducible=config.dp.reproducible)
         result = server.run(resume=point)
     wall = time.perf_counter() - start
-    if out_dir is not None and result.stop_reason == "interrupted" and resumable(config):
+    if out_dir is not None and result.stop_reason == "interrupted" and checkpoints and resumable(config):
         carry_released_charges(out_dir, experiment.privacy)
     summary = summarize(config, result, wall, experiment.server.setup_upload_bytes,
                         experiment.privacy)

@@ -26,6 +26,7 @@ from fedsec.config import ExperimentConfig
 from fedsec.dp import DPSGD, Accountant, SecureRandom, noise_multiplier_for, smallest_noise
 from fedsec.dp.ledger import with_steps
 from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
+from fedsec.fl_core.federated_eval import BINS
 from fedsec.fl_core.local import PerExampleLoss
 from fedsec.protocols.privacy import ClientLevelDP, DPSGDTrainer, PrivacyBudget
 from fedsec.protocols.privacy.release import ChargeOnRelease
@@ -93,6 +94,13 @@ CLIENT_TEST = ("evaluation metrics computed on held-out records of the clients a
 CLIENT_DATA_TEST = ("evaluation metrics computed on records of the clients are released without noise "
                     "(test= is, or shares memory with, a client's training data: the loss, accuracy "
                     "and per-client metrics of every round)")
+SITE_EVALUATION = ("federated evaluation sums of the sites' held-out records, every round, without "
+                   "noise: record count, correct predictions, summed loss and, for two classes, TP, FP, "
+                   f"TN, FN and the histograms of the positive-class score ({BINS} bins) per true class; ")
+SITE_EVALUATION_SECURE = ("summed through the secure layer over at least its threshold of sites, so the "
+                          "coordinator sees the federation's sums, not one site's")
+SITE_EVALUATION_PLAIN = ("with secure.aggregation = 'none' each site sends its own sums in the clear, "
+                         "so the coordinator sees every site's figures")
 REPRODUCIBLE = ("the DP noise itself: dp.reproducible = true derives it from the seed, which "
                 "config.toml publishes, so whoever knows the seed can subtract it and epsilon "
                 "holds only against those who do not")
@@ -148,10 +156,15 @@ def build_privacy(config: ExperimentConfig, data: fl_core.FederatedDataset,
 
     The global test split of ``breast_cancer`` and ``digits`` is held out before the records are
     partitioned: no client holds it. ``synthetic`` pools a share of every client's own draws into
-    it, so there the test metrics are computed on held-out records of the clients (named)."""
-    return build_privacy_layer(PrivacySettings.from_config(config), data, protocol, n_parameters,
-                               secure=config.secure.aggregation != "none",
-                               client_test=config.data.dataset == "synthetic")
+    it, so there the test metrics are computed on held-out records of the clients (named); ``csv``
+    evaluates at the sites and sums their figures through the secure layer (named)."""
+    secure = config.secure.aggregation != "none"
+    setup = build_privacy_layer(PrivacySettings.from_config(config), data, protocol, n_parameters,
+                                secure=secure, client_test=config.data.dataset == "synthetic")
+    if setup is not None and config.data.dataset == "csv":
+        setup.not_covered.insert(0, SITE_EVALUATION + (SITE_EVALUATION_SECURE if secure
+                                                       else SITE_EVALUATION_PLAIN))
+    return setup
 
 
 def build_privacy_layer(settings: PrivacySettings, data: fl_core.FederatedDataset,

@@ -1,0 +1,231 @@
+"""``fedsec serve``: the coordinator of a deployed federation (a gRPC server the sites dial).
+
+Calls a site makes (one framed request, one reply each; :mod:`fedsec.network.transport`):
+
+==========  =========================================  ===========================================
+topic       request                                    reply
+==========  =========================================  ===========================================
+``plan``    nothing                                    the plan's bytes (its SHA-256 in the header)
+``refuse``  ``{sha256, rule}``                         nothing (the site leaves)
+``accept``  ``{sha256, n_train, n_test, input_shape,   ``{client_id, noise_multiplier, head}``
+            n_classes}``
+``poll``    nothing                                    the site's next job, or ``wait`` after
+                                                       ``poll_wait`` seconds with none
+``answer``  ``{job, ok, ...}`` + body                  ``{accepted}``
+==========  =========================================  ===========================================
+
+The peer's name is the one in its verified certificate (never a field it sends); its client id
+is its position on the plan's roster. What a site reports in ``accept`` (its numbers of training
+and test records, its data's shape) is what the plan's privacy unit takes as public (sizes; the
+public weight bound). Jobs (:mod:`fedsec.network.jobs`) carry the global model, the round's
+training seed, and the secure layer's stage messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from fedsec.config import ExperimentConfig
+from fedsec.network import envelope
+from fedsec.network.mailbox import Mailboxes
+from fedsec.network.party_audit import PartyAudit
+from fedsec.network.pki import Peer, Trust
+from fedsec.network.transport import TransportServer
+
+POLL_WAIT = 2.0
+"""Seconds a ``poll`` call is held open when the site has no job."""
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """A site that accepted the plan, with what it reported."""
+
+    name: str
+    client_id: int
+    n_train: int
+    n_test: int
+    input_shape: tuple[int, ...]
+    n_classes: int
+
+
+class _RecordingServer(TransportServer):
+    """A transport server that keeps each admitted peer's certificate (PEM), to relay it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.certificates: dict[str, bytes] = {}
+        self.peers: dict[str, Peer] = {}
+
+    def admit(self, context: grpc.ServicerContext) -> Peer:
+        peer = super().admit(context)
+        self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
+        self.peers[peer.name] = peer
+        return peer
+
+
+class Hub:
+    """The coordinator's network side: admits sites, serves the plan, queues jobs, logs messages.
+
+    Args:
+        config: the plan; ``plan_bytes`` its file's bytes (what every site is shown the SHA-256 of).
+        trust, cert_pem, key_pem: the study's root and this coordinator's certificate and TLS key.
+        audit: the coordinator's audit log.
+        listen: ``HOST:PORT``.
+        poll_wait: seconds an empty poll is held.
+    """
+
+    def __init__(self, *, config: ExperimentConfig, plan_bytes: bytes, trust: Trust, cert_pem: bytes,
+                 key_pem: bytes, audit: PartyAudit, listen: str, poll_wait: float = POLL_WAIT) -> None:
+        self.config, self.plan_bytes = config, plan_bytes
+        self.plan_sha256 = hashlib.sha256(plan_bytes).hexdigest()
+        self.names = tuple(config.federation.sites)
+        self.audit, self.poll_wait = audit, poll_wait
+        self.mailboxes = Mailboxes(self.names)
+        self.sites: dict[str, SiteInfo] = {}
+        self.refused: dict[str, str] = {}
+        self.noise_multiplier: float | None = None
+        self.job_rounds: dict[int, int | None] = {}
+        self.round: int | None = None
+        """The round of the aggregation in flight (for the audit of the layer's messages)."""
+        self._joined = threading.Condition()
+        self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem, handler=self.handle,
+                                          roster=frozenset(self.names), roles=("site",), listen=listen,
+                                          workers=2 * len(self.names) + 4)
+
+    @property
+    def certificates(self) -> Mapping[str, bytes]:
+        return self.transport.certificates
+
+    @property
+    def peers(self) -> Mapping[str, Peer]:
+        return self.transport.peers
+
+    def start(self) -> int:
+        return self.transport.start()
+
+    def stop(self) -> None:
+        self.mailboxes.close()
+        self.transport.stop(grace=1.0)
+
+    def wait_for_sites(self, timeout: float) -> dict[str, SiteInfo]:
+        """Block until every roster site accepted or refused, or ``timeout`` seconds passed;
+        returns the sites that accepted."""
+        end = time.monotonic() + timeout
+        with self._joined:
+            while len(self.sites) + len(self.refused) < len(self.names):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._joined.wait(min(left, 1.0))
+            return dict(self.sites)
+
+    def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
+        """One call of an admitted site (see the module's table)."""
+        round_index: int | None = None
+        if topic == "plan":
+            reply = envelope.encode({"sha256": self.plan_sha256, "server": self.config.federation.server},
+                                    self.plan_bytes)
+        elif topic == "refuse":
+            header, _ = envelope.decode(payload)
+            rule = str(header.get("rule", ""))[:200]
+            with self._joined:
+                self.refused[peer.name] = rule
+                self._joined.notify_all()
+            self.audit.event("plan_refused_by_site", details={"site": peer.name, "rule": rule})
+            reply = b""
+        elif topic == "accept":
+            reply = self._accept(peer, payload)
+        elif topic == "poll":
+            if peer.name not in self.sites:
+                raise ValueError("poll before accepting the plan")
+            job = self.mailboxes.poll(peer.name, self.poll_wait)
+            if job is None:
+                return envelope.encode({"kind": "wait"})
+            round_index = self.job_rounds.get(job[0])
+            reply = job[1]
+        elif topic == "answer":
+            header, _ = envelope.decode(payload)
+            job = envelope.field(header, "job", int)
+            round_index = self.job_rounds.get(job)
+            accepted = self.mailboxes.answer(peer.name, job, payload)
+            reply = envelope.encode({"accepted": accepted})
+        else:
+            raise ValueError(f"unknown topic {topic!r}")
+        self.audit.received_then_sent(peer.name, topic, payload, reply, round=round_index)
+        return reply
+
+    def _accept(self, peer: Peer, payload: bytes) -> bytes:
+        header, _ = envelope.decode(payload)
+        if header.get("sha256") != self.plan_sha256:
+            raise ValueError("accepted a plan other than this one")
+        shape = header.get("input_shape")
+        if (not isinstance(shape, list) or not shape or
+                any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
+            raise ValueError("input_shape is not a list of positive integers")
+        info = SiteInfo(peer.name, self.names.index(peer.name), envelope.field(header, "n_train", int),
+                        envelope.field(header, "n_test", int), tuple(shape), envelope.field(header, "n_classes", int))
+        if info.n_train < 1 or info.n_test < 1:
+            raise ValueError("a site needs training and test records")
+        with self._joined:
+            others = [s for s in self.sites.values() if s.name != peer.name]
+            if others and (others[0].input_shape, others[0].n_classes) != (info.input_shape, info.n_classes):
+                raise ValueError("the site's data shape differs from the other sites'")
+            rejoined = peer.name in self.sites
+            self.sites[peer.name] = info
+            self._joined.notify_all()
+        self.mailboxes.clear(peer.name)
+        self.audit.event("site_rejoined" if rejoined else "site_joined",
+                         details={"site": peer.name, "fingerprint": peer.fingerprint, "n_train": info.n_train,
+                                  "n_test": info.n_test})
+        return envelope.encode({"client_id": info.client_id, "noise_multiplier": self.noise_multiplier,
+                                "head": self.audit.head()})
+
+    def job(self, kind: str, round_index: int | None, header: dict[str, Any] | None = None,
+            body: bytes = b"") -> tuple[int, bytes]:
+        """A new job (its id and payload) of ``kind`` for ``round_index``."""
+        number = self.mailboxes.next_id()
+        self.job_rounds[number] = round_index
+        return number, envelope.encode({"job": number, "kind": kind, "round": round_index, **(header or {})}, body)
+
+    def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
+                 deadline: float) -> dict[str, tuple[dict[str, Any], bytes]]:
+        """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
+        that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded)."""
+        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in jobs.items()}
+        answers = self.mailboxes.exchange(posted, deadline)
+        good: dict[str, tuple[dict[str, Any], bytes]] = {}
+        for name in jobs:
+            if name not in answers:
+                self.audit.event("dropout", round=round_index, stage=kind,
+                                 details={"site": name, "reason": "no answer before the deadline"})
+                continue
+            try:
+                header, body = envelope.decode(answers[name])
+            except envelope.MalformedEnvelope:
+                header, body = {"ok": False, "reason": "malformed answer"}, b""
+            if header.get("ok") is not True:
+                reason = str(header.get("reason", "refused"))[:200]
+                self.audit.event("dropout", round=round_index, stage=kind, details={"site": name, "reason": reason})
+                continue
+            good[name] = (header, body)
+        return good
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Tell every site the run is over (with the released model's digest)."""
+        text = json.dumps({k: summary.get(k) for k in ("rounds_run", "stop_reason", "model_sha256",
+                                                        "final_accuracy", "epsilon")}, default=str)
+        for name in self.sites:
+            self.mailboxes.post(name, *self.job("done", None, {"summary": json.loads(text)}))
+
+
+def plan_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -1,0 +1,129 @@
+"""``fedsec serve`` (the coordinator) and ``fedsec join`` (a hospital).
+
+Exit codes: 0 done; 1 failure at run time (a coordinator that cannot be reached, fewer sites than
+``federation.min_sites``); 2 a bad argument, plan or data file (one line naming the key, or the
+file, row and column); 3 the site's policy refused the plan (one line naming the rule);
+130 interrupted (Ctrl-C; SIGTERM ends ``join`` with 0 and ``serve`` like Ctrl-C, after the round
+in flight, with the run directory written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+from fedsec.network.pki import Trust, verify_peer
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = commands.add_parser("serve", help="run a deployment plan as its coordinator (gRPC + mTLS)",
+                                description="The coordinator: waits for the plan's sites to dial in, "
+                                "then runs the plan and writes the run directory fedsec run writes.")
+    serve.add_argument("plan", metavar="PLAN.toml")
+    serve.add_argument("--listen", default="0.0.0.0:7443", metavar="HOST:PORT",
+                       help="address to listen on (port 0: any free one; default %(default)s)")
+    serve.add_argument("--out", required=True, metavar="RUN_DIR")
+    serve.add_argument("--force", action="store_true", help="replace an earlier run in RUN_DIR")
+    join = commands.add_parser("join", help="take part in a deployed federation as a site",
+                               description="A hospital: dials the coordinator, checks the plan "
+                               "against its own policy and ledger, validates its CSV file, and trains.")
+    join.add_argument("address", metavar="HOST:PORT")
+    join.add_argument("--data", required=True, metavar="FILE.csv")
+    join.add_argument("--policy", metavar="SITE.toml", help="the site's policy (default: the protective "
+                      "defaults of docs/deployment.md)")
+    join.add_argument("--state", default="fedsec-state", metavar="DIR",
+                      help="the site's state: ledger, accepted plans, audit log (default %(default)s)")
+    join.add_argument("--server", default="coordinator", metavar="NAME",
+                      help="the coordinator's certificate name (default %(default)s)")
+    for parser, handler in ((serve, _serve), (join, _join)):
+        parser.add_argument("--ca", required=True, metavar="CA_CERT")
+        parser.add_argument("--crl", metavar="CA_CRL", help="the revocation list (default: ca.crl beside "
+                            "CA_CERT, if present)")
+        parser.add_argument("--cert", required=True, metavar="CERT")
+        parser.add_argument("--key", required=True, metavar="KEY")
+        parser.add_argument("--identity", metavar="KEY", help="the Ed25519 identity key (default: "
+                            "NAME.identity.key beside KEY)")
+        parser.set_defaults(network_handler=handler, tool="")
+
+
+def _paths(args: argparse.Namespace) -> tuple[Path, Path | None, Path, Path, Path]:
+    ca, key = Path(args.ca), Path(args.key)
+    crl = Path(args.crl) if args.crl else (ca.parent / "ca.crl")
+    identity = Path(args.identity) if args.identity else key.with_name(key.name.removesuffix(".key")
+                                                                        + ".identity.key")
+    for path, flag in ((ca, "--ca"), (Path(args.cert), "--cert"), (key, "--key"), (identity, "--identity")):
+        if not path.is_file():
+            raise ValueError(f"{flag}: {path} is not a file")
+    return ca, crl if crl.exists() else None, Path(args.cert), key, identity
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from fedsec.config import load_config
+    from fedsec.errors import ConfigError
+    from fedsec.network.coordinator import Hub
+    from fedsec.network.party_audit import PartyAudit
+    from fedsec.network.serve import run_coordinator
+    from fedsec.network.site import deployment_problem, load_identity
+    from fedsec.rundir import RunDirectory, check_out
+
+    ca, crl, cert, key, identity_path = _paths(args)
+    plan_bytes = Path(args.plan).read_bytes()
+    try:
+        config = load_config(args.plan)
+    except ConfigError as error:
+        print(f"fedsec: error: {error}", file=sys.stderr)
+        return 2
+    problem = deployment_problem(config)
+    if problem is not None:
+        print(f"fedsec: error: {problem[0]}: {problem[1]}", file=sys.stderr)
+        return 2
+    trust = Trust.load(ca, crl)
+    me = verify_peer(cert.read_bytes(), trust=trust, roles=("server",))
+    if me.name != config.federation.server:
+        print(f"fedsec: error: federation.server: the plan names {config.federation.server!r}, this "
+              f"certificate is {me.name!r}", file=sys.stderr)
+        return 2
+    identity = load_identity(identity_path)
+    check_out(args.out, force=args.force)
+    staging = RunDirectory(args.out, force=args.force)
+    sha = hashlib.sha256(plan_bytes).hexdigest()
+    audit = PartyAudit(staging.path, actor=me.name, key=identity, run_id=sha[:16])
+    audit.event("plan_loaded", details={"sha256": sha, "sites": list(config.federation.sites)})
+    hub = Hub(config=config, plan_bytes=plan_bytes, trust=trust, cert_pem=cert.read_bytes(),
+              key_pem=key.read_bytes(), audit=audit, listen=args.listen)
+    code = 0
+    try:
+        port = hub.start()
+        print(f"listening {port}", flush=True)
+        print(f"plan sha256 {sha}; waiting for {len(config.federation.sites)} sites", flush=True)
+        summary = run_coordinator(config, hub, staging.path)
+        print(f"done: {summary['rounds_run']} rounds ({summary['stop_reason']}), final accuracy "
+              f"{summary['final_accuracy']}, epsilon {summary.get('epsilon')}; run directory {args.out}",
+              flush=True)
+        code = 130 if summary["stop_reason"] == "interrupted" else 0
+    except RuntimeError as error:
+        print(f"fedsec: serve failed: {error}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        audit.event("interrupted")
+        code = 130
+    finally:
+        hub.stop()
+        audit.close()
+        staging.publish()
+    return code
+
+
+def _join(args: argparse.Namespace) -> int:
+    from fedsec.network.policy import SitePolicy, load_policy
+    from fedsec.network.site import Site, SitePaths
+
+    ca, crl, cert, key, identity = _paths(args)
+    data = Path(args.data)
+    policy = load_policy(args.policy) if args.policy else SitePolicy()
+    site = Site(address=args.address, paths=SitePaths(ca=ca, crl=crl, cert=cert, key=key, identity=identity,
+                                                      data=data, state=Path(args.state)),
+                policy=policy, server_name=args.server)
+    return site.run()

@@ -1,0 +1,110 @@
+"""The coordinator's side of the sites' long poll: one queue of jobs per site, answers by job id.
+
+Sites dial out (hospital firewalls allow outbound connections only), so the coordinator never
+calls a site: it puts a job in the site's mailbox and the site picks it up with a ``poll`` call
+(held open up to ``poll_wait`` seconds when the mailbox is empty) and returns its answer with an
+``answer`` call. :meth:`Mailboxes.exchange` posts one job to each of several sites and waits
+until all have answered or the stage deadline passes; a job not answered in time is withdrawn
+(an answer that arrives later is refused as unknown) and the site is a dropout for that stage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+
+
+class Mailboxes:
+    """Per-site job queues and the answers to them (thread-safe).
+
+    Args:
+        names: the roster (site names).
+    """
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = frozenset(names)
+        self._cond = threading.Condition()
+        self._queues: dict[str, deque[tuple[int, bytes]]] = {n: deque() for n in names}
+        self._pending: dict[int, str] = {}
+        self._answers: dict[int, bytes] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def next_id(self) -> int:
+        with self._cond:
+            return next(self._ids)
+
+    def poll(self, name: str, wait: float) -> tuple[int, bytes] | None:
+        """The next job for ``name`` (its id and payload), waiting up to ``wait`` seconds; None if
+        there is none (or the mailboxes are closed)."""
+        end = time.monotonic() + wait
+        with self._cond:
+            while not self._queues[name] and not self._closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self._queues[name].popleft() if self._queues[name] else None
+
+    def answer(self, name: str, job: int, payload: bytes) -> bool:
+        """Record ``name``'s answer to ``job``; False for a job that is not pending for ``name``
+        (withdrawn after its deadline, already answered, or another site's)."""
+        with self._cond:
+            if self._pending.get(job) != name:
+                return False
+            del self._pending[job]
+            self._answers[job] = payload
+            self._cond.notify_all()
+            return True
+
+    def exchange(self, jobs: Mapping[str, tuple[int, bytes]], deadline: float) -> dict[str, bytes]:
+        """Post ``{site: (job id, payload)}`` and return ``{site: answer}`` of those that answered
+        within ``deadline`` seconds; the others' jobs are withdrawn."""
+        end = time.monotonic() + deadline
+        with self._cond:
+            for name, (job, payload) in jobs.items():
+                self._queues[name].append((job, payload))
+                self._pending[job] = name
+            self._cond.notify_all()
+            waiting = {job for job, _ in jobs.values()}
+            while waiting & set(self._pending) and not self._closed:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            out = {}
+            for name, (job, _) in jobs.items():
+                if job in self._answers:
+                    out[name] = self._answers.pop(job)
+                else:
+                    self._pending.pop(job, None)
+                    self._queues[name] = deque(j for j in self._queues[name] if j[0] != job)
+            return out
+
+    def post(self, name: str, job: int, payload: bytes) -> None:
+        """Queue a job that needs no answer (e.g. the end of the run)."""
+        with self._cond:
+            self._queues[name].append((job, payload))
+            self._cond.notify_all()
+
+    def queued(self, name: str) -> int:
+        """Jobs waiting for ``name`` to poll them."""
+        with self._cond:
+            return len(self._queues[name])
+
+    def clear(self, name: str) -> None:
+        """Drop ``name``'s queued jobs (it reconnected: it starts afresh with the next job)."""
+        with self._cond:
+            for job, _ in self._queues[name]:
+                self._pending.pop(job, None)
+            self._queues[name].clear()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiter; polls return None from now on once the queues are empty."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

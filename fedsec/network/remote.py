@@ -1,0 +1,200 @@
+"""The coordinator's stand-ins for what the simulation does in one process: the sites train,
+evaluate and compute feature statistics; the coordinator's server loop is the simulation's own
+(:class:`fl_core.FederatedServer`, built by :func:`fedsec.experiment.assemble_experiment`).
+
+- :class:`RemoteStrategy` wraps the plan's strategy: ``client_update`` records the round's
+  training seed for the site (the server loop draws it from the run generator as in the
+  simulation) and returns a placeholder; ``apply`` is the plan's (the server optimiser runs here).
+- :class:`RemoteRound` is the protocol the server loop sees: for an update it sends each sampled
+  site a ``train`` job (global model, seed; under ``dp.reproducible`` DP-SGD also the position
+  in the seeded noise stream, the sites then train one after the other in client order as the
+  simulation's single stream does), then runs the secure layer over the sites that trained.
+- :class:`RemoteEvaluator` is the csv plan's federated evaluator with ``evaluate`` jobs: every
+  site computes its sums on its own held-out split, the secure layer sums them.
+- :func:`remote_moments` is :func:`fl_core.standardize.federated_moments` with ``moments`` jobs.
+
+Each draws from the run generator exactly what its simulated counterpart draws, in the same
+order, so a reproducible plan gives the simulation's history.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
+from fedsec.fl_core.client import LocalResult, Strategy
+from fedsec.fl_core.data import ArrayDataset
+from fedsec.fl_core.errors import AggregationError
+from fedsec.fl_core.federated_eval import ATTEMPTS, FederatedEvaluator, metrics_from_sums, sums_length
+from fedsec.fl_core.parameters import get_vector
+from fedsec.fl_core.standardize import ATTEMPTS as MOMENT_ATTEMPTS
+from fedsec.fl_core.standardize import MIN_STD
+from fedsec.network.coordinator import Hub
+from fedsec.network.envelope import vector_bytes
+from fedsec.network.layers.base import CoordinatorLayer
+from fedsec.protocols.errors import ProtocolAbort
+
+
+class RemoteStrategy(Strategy):
+    """The plan's strategy with local updates left to the sites (see the module)."""
+
+    def __init__(self, inner: Strategy, clients: Sequence[ArrayDataset]) -> None:
+        self.inner, self.name = inner, inner.name
+        self.clients = tuple(clients)
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.vector: np.ndarray | None = None
+
+    def client_update(self, model: nn.Module, global_vector: np.ndarray, data: ArrayDataset, *,
+                      rng: np.random.Generator) -> LocalResult:
+        client = next(k for k, c in enumerate(self.clients) if c is data)
+        self.pending[client] = rng.bit_generator.state
+        self.vector = global_vector
+        return LocalResult(np.zeros_like(global_vector), 1.0, None)
+
+    def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
+        return self.inner.apply(global_vector, average)
+
+
+class RemoteRound(AggregationProtocol):
+    """The server loop's protocol: ``train`` jobs, then the secure layer (see the module).
+
+    Args:
+        layer: the secure layer's coordinator side.
+        hub: the coordinator's network side.
+        strategy: the :class:`RemoteStrategy` that recorded the round's seeds.
+        deadline: seconds a site has to train (``federation.stage_timeout``).
+        sequential_noise: under ``dp.reproducible`` DP-SGD, pass the seeded noise stream's
+            position from site to site.
+        on_trained: called with ``(round, names)`` of the sites that trained (their ledgers).
+    """
+
+    client_metrics: frozenset[str] = frozenset()
+    """Sites report nothing outside the secure layer (no training loss)."""
+
+    def __init__(self, *, layer: CoordinatorLayer, hub: Hub, strategy: RemoteStrategy, deadline: float,
+                 sequential_noise: bool, on_trained: Callable[[int, list[str]], None]) -> None:
+        self.layer, self.hub, self.strategy = layer, hub, strategy
+        self.deadline, self.sequential_noise = deadline, sequential_noise
+        self.noise_offset = 0
+        self.on_trained = on_trained
+        self.name = layer.name
+
+    def min_contributions(self, n: int) -> int:
+        return self.layer.min_contributions(n)
+
+    def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
+                  purpose: Purpose = "update") -> AggregateResult:
+        self.hub.round = round_index
+        if purpose != "update":
+            return self.layer.aggregate(round_index, updates, purpose=purpose)
+        ids = [int(u.client_id) for u in updates]
+        trained = self._train(round_index, ids)
+        self.on_trained(round_index, [self.hub.names[c] for c in trained])
+        kept = [u for u in updates if int(u.client_id) in trained]
+        if not kept:
+            raise ProtocolAbort("no site trained before the deadline")
+        return self.layer.aggregate(round_index, kept, purpose=purpose)
+
+    def _train(self, round_index: int, ids: list[int]) -> set[int]:
+        assert self.strategy.vector is not None
+        body = vector_bytes(self.strategy.vector)
+        names = self.hub.names
+        jobs = {c: ({"rng": self.strategy.pending[c], "head": self.hub.audit.head()}, body) for c in ids}
+        done: set[int] = set()
+        if not self.sequential_noise:
+            answers = self.hub.exchange("train", round_index, {names[c]: jobs[c] for c in ids}, self.deadline)
+            done = {c for c in ids if names[c] in answers}
+            self._ack(round_index, answers)
+            return done
+        for c in ids:
+            header, _ = jobs[c]
+            answers = self.hub.exchange("train", round_index, {names[c]: ({**header, "noise": self.noise_offset},
+                                                                         body)}, self.deadline)
+            if names[c] in answers:
+                offset = answers[names[c]][0].get("noise")
+                if isinstance(offset, int) and not isinstance(offset, bool) and offset >= self.noise_offset:
+                    self.noise_offset = offset
+                    done.add(c)
+                self._ack(round_index, answers)
+        return done
+
+    def _ack(self, round_index: int, answers: dict[str, tuple[dict[str, Any], bytes]]) -> None:
+        for header, _ in answers.values():
+            if isinstance(header.get("head"), dict):
+                self.hub.audit.ack(header["head"], round=round_index)
+
+
+class RemoteEvaluator(FederatedEvaluator):
+    """:class:`FederatedEvaluator` whose sites are remote: ``evaluate`` jobs, then the layer."""
+
+    def __init__(self, *, hub: Hub, deadline: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hub, self.deadline = hub, deadline
+
+    def evaluate_sites(self, model: nn.Module, tests: Sequence[ArrayDataset], *,
+                       round_index: int) -> dict[str, float]:
+        names = self.hub.names
+        body = vector_bytes(get_vector(model))
+        answers = self.hub.exchange("evaluate", round_index, {n: ({}, body) for n in self.hub.sites},
+                                    self.deadline)
+        length = sums_length(self.n_classes)
+        updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0)
+                   for k, n in enumerate(names) if n in answers]
+        failed = {"accuracy": math.nan, "loss": math.nan, "eval_sites": 0.0}
+        if not updates:
+            return failed
+        for _ in range(ATTEMPTS):
+            try:
+                result = self.protocol.aggregate(round_index, updates, purpose="statistics")
+                if result.metrics.get("clipped", 0) > 0:
+                    raise AggregationError("evaluation sums exceed the protocol's statistics range")
+                metrics = metrics_from_sums(result.weighted_sum, n_classes=self.n_classes,
+                                            max_error=self.max_error)
+            except AggregationError:
+                continue
+            metrics["eval_sites"] = float(len(result.participants))
+            metrics["eval_upload_bytes"] = float(result.upload_bytes)
+            return metrics
+        return failed
+
+
+def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, deadline: float,
+                   sizes: dict[str, int]) -> tuple[np.ndarray, np.ndarray, int]:
+    """The federation's per-feature ``(mean, std, upload_bytes)`` as
+    :func:`~fedsec.fl_core.standardize.federated_moments` computes them, the sites computing their
+    own moments (``moments`` jobs, stage 1: means; stage 2: squared deviations about ``mean``).
+
+    Raises:
+        AggregationError: every attempt aborted, or a statistic was clipped.
+    """
+    names = hub.names
+
+    def aggregate(stage: int, body: bytes) -> tuple[np.ndarray, int]:
+        answers = hub.exchange("moments", 0, {n: ({"stage": stage}, body) for n in hub.sites}, deadline)
+        updates = [ClientUpdate(k, np.zeros(features, dtype=np.float32), float(sizes[n]))
+                   for k, n in enumerate(names) if n in answers]
+        if not updates:
+            raise AggregationError("no site computed its feature statistics in time")
+        for attempt in range(MOMENT_ATTEMPTS):
+            try:
+                result = protocol.aggregate(0, updates, purpose="statistics")
+                break
+            except AggregationError:
+                if attempt == MOMENT_ATTEMPTS - 1:
+                    raise
+        if result.metrics.get("clipped", 0) > 0:
+            raise AggregationError("feature statistics exceed the aggregation protocol's range")
+        return result.weighted_sum / result.total_weight, result.upload_bytes
+
+    mean, upload_mean = aggregate(1, b"")
+    variance, upload_var = aggregate(2, np.asarray(mean, dtype="<f8").tobytes())
+    std = np.sqrt(np.maximum(variance, 0.0))
+    std[std < MIN_STD] = 1.0
+    hub.exchange("standardize", 0, {n: ({}, np.asarray(mean, dtype="<f8").tobytes()
+                                         + np.asarray(std, dtype="<f8").tobytes()) for n in hub.sites}, deadline)
+    return mean, std, upload_mean + upload_var

@@ -1,0 +1,196 @@
+"""The coordinator's run: the simulation's server loop over remote sites (``fedsec serve``).
+
+It builds the experiment with :func:`fedsec.experiment.assemble_experiment` on *placeholder*
+data (each site's number of records, the shape of a record: what the sites reported; no record
+leaves a site), with the plan's secure layer as the protocol, the sites' training as the strategy
+(:mod:`fedsec.network.remote`) and the federated evaluator over the network, and runs it with
+:func:`fedsec.experiment.execute_experiment`, so its run directory is ``fedsec run``'s. Its own
+audit log (``audit.db``, signed with the coordinator's identity key) is in the run directory.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedsec import fl_core
+from fedsec.audit.run import vector_sha256
+from fedsec.config import ExperimentConfig
+from fedsec.experiment import Experiment, assemble_experiment, execute_experiment
+from fedsec.fl_core.history import RoundObserver, RoundRecord, TrainingResult
+from fedsec.network.coordinator import Hub, SiteInfo
+from fedsec.network.layers import LAYERS, CoordinatorContext
+from fedsec.network.party_audit import PartyAudit
+from fedsec.network.remote import RemoteEvaluator, RemoteRound, RemoteStrategy, remote_moments
+
+
+class Terminated(Exception):
+    """SIGTERM: stop after the round in flight, like Ctrl-C."""
+
+
+class CoordinatorAudit(RoundObserver):
+    """The coordinator's round events: outcome, epsilon (the run's and each site's), model digest."""
+
+    def __init__(self, audit: PartyAudit, model_vector: Any) -> None:
+        self.audit, self.model_vector = audit, model_vector
+
+    def after_round(self, record: RoundRecord) -> None:
+        details = {"status": record.status, "participants": record.participants, "dropped": record.dropped,
+                   "upload_bytes": record.upload_bytes}
+        for key in ("accuracy", "loss"):
+            value = getattr(record, key)
+            if isinstance(value, float) and np.isfinite(value):
+                details[key] = value
+        self.audit.event("round", round=record.round, details=details)
+        if "epsilon" in record.metrics:
+            self.audit.event("epsilon", round=record.round, details={"epsilon": record.metrics["epsilon"]})
+        self.audit.event("model_released", round=record.round,
+                         details={"sha256": vector_sha256(self.model_vector())})
+
+    def on_finish(self, result: TrainingResult) -> None:
+        self.audit.event("run_finished", details={"rounds_run": result.rounds_run,
+                                                  "stop_reason": result.stop_reason})
+
+
+class SiteLedgers:
+    """Each site's own epsilon, charged for every round it trained in (what the site records)."""
+
+    def __init__(self, experiment: Experiment, sites: Mapping[str, SiteInfo], audit: PartyAudit) -> None:
+        from fedsec.protocols.privacy import PrivacyBudget
+
+        self.audit, self.budgets = audit, {}
+        privacy, p = experiment.privacy, experiment.config.dp
+        if privacy is None or privacy.trainer is None:
+            return
+        for name, info in sites.items():
+            self.budgets[name] = PrivacyBudget(
+                profiles=[privacy.trainer.events(info.n_train)], delta=p.delta, target_epsilon=0.0,
+                accountant=p.accountant, unit="example", noise_multiplier=privacy.noise_multiplier)
+
+    def trained(self, round_index: int, names: list[str]) -> None:
+        for name in names:
+            budget = self.budgets.get(name)
+            if budget is not None:
+                budget.charge(round_index)
+                self.audit.event("epsilon", round=round_index, details={"party": name, "epsilon": budget.spent})
+
+
+def placeholder_data(config: ExperimentConfig, names: tuple[str, ...],
+                     sites: Mapping[str, SiteInfo]) -> fl_core.FederatedDataset:
+    """Zero records of each site's reported sizes and shape (a site that never joined: the
+    smallest size reported, one test record), in roster order."""
+    first = next(iter(sites.values()))
+    shape, smallest = first.input_shape, min(s.n_train for s in sites.values())
+    sizes = [sites[n].n_train if n in sites else smallest for n in names]
+    tests = [sites[n].n_test if n in sites else 1 for n in names]
+    clients = tuple(fl_core.ArrayDataset(np.zeros((k, *shape), np.float32), np.zeros(k, np.int64)) for k in sizes)
+    test = fl_core.ArrayDataset(np.zeros((sum(tests), *shape), np.float32), np.zeros(sum(tests), np.int64))
+    return fl_core.FederatedDataset(name="csv", clients=clients, test=test, n_classes=first.n_classes,
+                                    input_shape=shape, standardize=False,
+                                    info={"test_sizes": tests, "classes": list(config.data.classes)})
+
+
+def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, SiteInfo],
+                      observers: list[RoundObserver]) -> tuple[Experiment, RemoteRound]:
+    """The experiment a coordinator runs (see the module), drawing from the run generator as the
+    simulation of the same plan does."""
+    from fedsec.site_data import statistics_error_bound
+
+    deadline = config.federation.stage_timeout
+    data = placeholder_data(config, hub.names, sites)
+    rng = np.random.default_rng(config.seed)
+    held: dict[str, Any] = {}
+
+    def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        answers = hub.exchange("layer", hub.round, {hub.names[c]: ({"stage": stage}, m)
+                                                   for c, m in messages.items()}, deadline)
+        return {hub.names.index(n): body for n, (_, body) in answers.items()}
+
+    def protocol(config: ExperimentConfig, data: fl_core.FederatedDataset,
+                 rng: np.random.Generator) -> RemoteRound:
+        context = CoordinatorContext(config=config, rng=rng, names=hub.names, certificates=hub.certificates,
+                                     peers=hub.peers, max_weight=max(len(c) for c in data.clients),
+                                     exchange=exchange)
+        layer = LAYERS[config.secure.aggregation][0](context)
+        held["round"] = RemoteRound(layer=layer, hub=hub, strategy=None, deadline=deadline,  # type: ignore[arg-type]
+                                    sequential_noise=config.dp.reproducible and config.dp.mode == "dpsgd",
+                                    on_trained=lambda r, names: held["ledgers"].trained(r, names))
+        return held["round"]
+
+    def strategy(inner: fl_core.Strategy) -> fl_core.Strategy:
+        held["round"].strategy = RemoteStrategy(inner, data.clients)
+        return held["round"].strategy
+
+    def evaluator(config: ExperimentConfig, data: fl_core.FederatedDataset,
+                  protocol: fl_core.AggregationProtocol) -> RemoteEvaluator:
+        s = config.secure
+        bound = statistics_error_bound(s.aggregation, sites=len(hub.names),
+                                       max_weight=max(len(c) for c in data.clients),
+                                       length=_sums_length(data.n_classes), clip=s.clip, bits=s.bits)
+        return RemoteEvaluator(hub=hub, deadline=deadline, protocol=protocol,
+                               test_sizes=data.info["test_sizes"], n_classes=data.n_classes, max_error=bound)
+
+    experiment = assemble_experiment(config, data, rng, observers=observers, protocol_factory=protocol,
+                                     strategy_wrapper=strategy, evaluator_factory=evaluator)
+    held["ledgers"] = SiteLedgers(experiment, sites, hub.audit)
+    if experiment.privacy is not None:
+        hub.noise_multiplier = float(experiment.privacy.noise_multiplier)
+    return experiment, held["round"]
+
+
+def _sums_length(n_classes: int) -> int:
+    from fedsec.fl_core.federated_eval import sums_length
+
+    return sums_length(n_classes)
+
+
+def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: Any = print) -> dict[str, Any]:
+    """Wait for the roster, then run the plan to the end and write ``out_dir``; the summary.
+
+    Raises:
+        RuntimeError: fewer than ``federation.min_sites`` sites accepted the plan in time.
+    """
+    f = config.federation
+    sites = hub.wait_for_sites(f.join_timeout)
+    hub.audit.event("roster", details={"joined": sorted(sites), "refused": dict(hub.refused)})
+    if len(sites) < f.min_sites:
+        raise RuntimeError(f"{len(sites)} of {len(hub.names)} sites accepted the plan within "
+                           f"federation.join_timeout = {f.join_timeout:g} s; federation.min_sites is {f.min_sites}")
+    say(f"{len(sites)} of {len(hub.names)} sites joined: {', '.join(sorted(sites))}")
+    observers: list[RoundObserver] = []
+    experiment, remote = build_coordinator(config, hub, sites, observers)
+    server = experiment.server
+    observers_audit = CoordinatorAudit(hub.audit, lambda: fl_core.get_vector(server.model))
+    server.observers.append(observers_audit)
+    if config.data.standardize:
+        hub.round = 0
+        _, _, upload = remote_moments(hub, server.protocol, features=int(np.prod(server.data.input_shape)),
+                                      deadline=f.stage_timeout, sizes={n: s.n_train for n, s in sites.items()})
+        server.setup_upload_bytes += upload
+    experiment.extras.append(lambda result, out: {"deployment": {
+        "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
+        "audit": str(out / "audit.db") if out is not None else None}})
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    hub.finish(summary)
+    _drain(hub, set(sites))
+    return summary
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt()
+
+
+def _drain(hub: Hub, sites: set[str], timeout: float = 10.0) -> None:
+    """Give the sites a moment to fetch the end-of-run job before the server stops."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and any(hub.mailboxes.queued(n) for n in sites):
+        time.sleep(0.1)

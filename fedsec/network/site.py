@@ -1,0 +1,304 @@
+"""``fedsec join``: a hospital's process. It dials the coordinator, checks the plan against its own
+policy and ledger before touching its data, validates its CSV file against the plan's schema, and
+then works the jobs the coordinator posts (train, evaluate, feature statistics, the secure layer's
+stages) until the run ends.
+
+Order of a site's first calls, and what stops it:
+
+1. ``plan``: the plan's bytes; its SHA-256 is printed. A plan that does not parse, that does not
+   list this site, or that the site's ``SITE.toml`` or lifetime ledger refuses: the site sends
+   ``refuse`` with the rule and exits 3. Its data file has not been opened.
+2. its CSV file against the plan's schema: a bad file exits 2 naming file, row and column, and
+   nothing is sent.
+3. the ledger reserves the run's epsilon (``BEGIN IMMEDIATE``, on disk), the plan is recorded in
+   ``site.db``, and ``accept`` tells the coordinator its sizes (public under the plan's unit).
+4. the noise multiplier the coordinator calibrated: the site recomputes its own epsilon over the
+   plan's rounds with it and refuses (``dp.noise``, exit 3) one that would exceed the plan's
+   ``dp.target_epsilon``.
+
+Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
+rounds than the plan's, is refused), and its epsilon is entered in the audit log. SIGTERM ends
+the process with exit 0 and Ctrl-C with 130, each after a ``disconnect`` event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsec.config import ExperimentConfig, loads_config
+from fedsec.errors import ConfigError
+from fedsec.network import envelope
+from fedsec.network.errors import PeerRejected, PolicyRefused
+from fedsec.network.layers import LAYERS, SiteContext, SiteLayer, split_first
+from fedsec.network.ledger import EpsilonLedger
+from fedsec.network.party_audit import PartyAudit
+from fedsec.network.pki import Trust, verify_peer
+from fedsec.network.policy import SitePolicy, admit_plan
+from fedsec.network.site_state import SiteState
+from fedsec.network.transport import TransportClient, TransportError
+from fedsec.protocols.errors import ClientAbort
+from fedsec.secagg.keys import SigningKey
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+RETRY_SECONDS = 60.0
+"""How long a site keeps redialling a coordinator that is unreachable before it gives up."""
+
+
+class Terminated(Exception):
+    """SIGTERM: stop cleanly (exit 0)."""
+
+
+def deployment_problem(config: ExperimentConfig) -> tuple[str, str] | None:
+    """``(key, why)`` when a plan cannot be deployed; None when it can."""
+    if not config.federation.sites:
+        return "federation.sites", "a deployment plan lists the roster of site names"
+    if config.data.dataset != "csv":
+        return "data.dataset", "a deployment plan reads each site's CSV file: set it to 'csv'"
+    if not config.data.columns:
+        return "data.columns", "a deployment plan lists the feature columns (each site checks its file)"
+    if config.secure.aggregation not in LAYERS:
+        return "secure.aggregation", f"deployed layers: {', '.join(LAYERS)}"
+    if config.dp.mode == "client":
+        return "dp.mode", "client-level DP is not deployed yet (use dpsgd or none)"
+    if config.train.algorithm not in ("fedavg", "fedprox", "fedsgd"):
+        return "train.algorithm", "deployed: fedavg, fedprox, fedsgd"
+    return None
+
+
+@dataclass
+class SitePaths:
+    """Where a site's credentials, data and state are."""
+
+    ca: Path
+    crl: Path | None
+    cert: Path
+    key: Path
+    identity: Path
+    data: Path
+    state: Path
+
+
+def load_identity(path: Path) -> SigningKey:
+    """The Ed25519 identity key written by ``fedsec site init`` (PEM, PKCS#8)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an Ed25519 identity key")
+    raw = serialization.Encoding.Raw
+    return SigningKey(key.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
+                      key.public_key().public_bytes(raw, serialization.PublicFormat.Raw))
+
+
+class Site:
+    """One hospital's run (see the module). ``out`` receives the lines a person reads."""
+
+    def __init__(self, *, address: str, paths: SitePaths, policy: SitePolicy, server_name: str,
+                 poll_wait: float = 2.0, out: Any = sys.stdout) -> None:
+        self.address, self.paths, self.policy = address, paths, policy
+        self.server_name, self.poll_wait, self.out = server_name, poll_wait, out
+        self.trust = Trust.load(paths.ca, paths.crl)
+        self.identity = load_identity(paths.identity)
+        me = verify_peer(paths.cert.read_bytes(), trust=self.trust, roles=("site",))
+        if me.identity_key.public_bytes_raw() != self.identity.public:
+            raise ValueError(f"{paths.identity}: not the identity key of {paths.cert}")
+        self.name = me.name
+        self.client = TransportClient(address=address, trust=self.trust, cert_path=paths.cert,
+                                      key_path=paths.key, server_name=server_name)
+        self.audit: PartyAudit | None = None
+        self.work: Any = None
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def call(self, topic: str, payload: bytes, *, round_index: int | None = None,
+             deadline: float | None = None, record: bool = True) -> bytes:
+        """One call, redialling for up to :data:`RETRY_SECONDS` while the coordinator is
+        unreachable; recorded in the audit log (both messages)."""
+        end = time.monotonic() + RETRY_SECONDS
+        while True:
+            try:
+                reply = self.client.call(topic, payload, deadline=deadline)
+                break
+            except TransportError as error:
+                if error.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or time.monotonic() > end:
+                    raise
+                time.sleep(1.0)
+        if record and self.audit is not None:
+            self.audit.sent_then_received(self.server_name, topic, payload, reply, round=round_index)
+        return reply
+
+    def run(self) -> int:
+        """The whole life of the site in one run; returns the exit code."""
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return self._run()
+        except Terminated:
+            self._event("disconnect", {"reason": "SIGTERM"})
+            return EXIT_OK
+        except KeyboardInterrupt:
+            self._event("disconnect", {"reason": "interrupted"})
+            return EXIT_INTERRUPTED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.client.close()
+            if self.audit is not None:
+                self.audit.close()
+
+    def _event(self, action: str, details: dict[str, Any], round_index: int | None = None) -> None:
+        if self.audit is not None:
+            self.audit.event(action, round=round_index, details=details)
+
+    def _run(self) -> int:
+        from fedsec.network.site_work import SiteWork
+
+        try:
+            reply = self.call("plan", b"", record=False)
+        except (TransportError, PeerRejected) as error:
+            self.say(f"fedsec join: cannot reach the coordinator at {self.address}: {error}")
+            return EXIT_FAILED
+        header, plan = envelope.decode(reply)
+        sha = hashlib.sha256(plan).hexdigest()
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        self.audit = PartyAudit(self.paths.state, actor=self.name, key=self.identity, run_id=sha[:16])
+        self._event("connect", {"server": self.server_name, "address": self.address})
+        self.audit.sent_then_received(self.server_name, "plan", b"", reply)
+        self.say(f"plan sha256 {sha} from {self.server_name} at {self.address}")
+        self._event("plan_received", {"sha256": sha, "size": len(plan)})
+        ledger = EpsilonLedger(self.paths.state, lifetime_cap=self.policy.max_epsilon_lifetime)
+        try:
+            config = self._check(plan, sha, ledger)
+        except PolicyRefused as refusal:
+            self.say(f"refused: {refusal.rule}: {refusal}")
+            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
+            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
+            ledger.close()
+            return EXIT_REFUSED
+        from fedsec.fl_core.csv_data import SiteDataError
+
+        try:
+            self.work = SiteWork.load(config, name=self.name, path=self.paths.data)
+        except SiteDataError as error:
+            self.say(f"fedsec join: {error}")
+            self._event("data_refused", {"file": error.file, "row": error.row, "column": error.column})
+            ledger.close()
+            return EXIT_BAD
+        try:
+            total = admit_plan(self.policy, config, ledger=ledger, run_id=sha,
+                               min_sites=config.federation.min_sites).epsilon
+        except PolicyRefused as refusal:
+            self.say(f"refused: {refusal.rule}: {refusal}")
+            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
+            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
+            return EXIT_REFUSED
+        finally:
+            ledger.close()
+        state = SiteState(self.paths.state)
+        state.accept(sha, plan.decode())
+        self._event("plan_accepted", {"sha256": sha, "epsilon_reserved": total})
+        accepted = self.call("accept", envelope.encode({"sha256": sha, **self.work.report()}))
+        answer, _ = envelope.decode(accepted)
+        if isinstance(answer.get("head"), dict):
+            self.audit.ack(answer["head"])
+        try:
+            self.work.start(noise_multiplier=answer.get("noise_multiplier"))
+        except PolicyRefused as refusal:
+            self.say(f"refused: {refusal.rule}: {refusal}")
+            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
+            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
+            return EXIT_REFUSED
+        self.say(f"accepted as client {self.work.client_id} of {len(config.federation.sites)}; "
+                 f"{self.work.report()['n_train']} training and {self.work.report()['n_test']} test records")
+        return self._jobs(config, sha, state)
+
+    def _check(self, plan: bytes, sha: str, ledger: EpsilonLedger) -> ExperimentConfig:
+        try:
+            config = loads_config(plan.decode())
+        except (ConfigError, UnicodeDecodeError) as error:
+            raise PolicyRefused("plan.invalid", str(error)) from None
+        problem = deployment_problem(config)
+        if problem is not None:
+            raise PolicyRefused("plan.invalid", f"{problem[0]}: {problem[1]}")
+        if self.name not in config.federation.sites:
+            raise PolicyRefused("federation.sites", f"the plan's roster does not list {self.name}")
+        if config.federation.server != self.server_name:
+            raise PolicyRefused("federation.server", f"the plan names {config.federation.server!r} as "
+                                                     f"its coordinator, this site dialled {self.server_name!r}")
+        admit_plan(self.policy, config, ledger=ledger, run_id=sha, min_sites=config.federation.min_sites,
+                   dry_run=True)
+        return config
+
+    def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:
+        context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
+                              names=tuple(config.federation.sites), identity=self.identity, trust=self.trust)
+        layer: SiteLayer | None = None
+        site_layer = LAYERS[config.secure.aggregation][1]
+        while True:
+            reply = self.call("poll", b"", deadline=self.poll_wait + 30.0, record=False)
+            header, body = envelope.decode(reply)
+            kind = header.get("kind")
+            if kind == "wait":
+                continue
+            job, round_index = envelope.field(header, "job", int), header.get("round")
+            round_index = round_index if isinstance(round_index, int) and not isinstance(round_index, bool) else None
+            assert self.audit is not None
+            self.audit.sent_then_received(self.server_name, "poll", b"", reply, round=round_index)
+            if kind == "done":
+                self.say(f"the run is over: {header.get('summary')}")
+                self._event("run_finished", {"summary": header.get("summary")})
+                return EXIT_OK
+            answer: dict[str, Any] = {"job": job, "ok": True}
+            out = b""
+            try:
+                if kind == "layer":
+                    if body[:len(envelope.MAGIC)] == envelope.MAGIC:
+                        setup, body = split_first(body)
+                        vector, weight = self.work.contribution(setup.get("purpose"), setup.get("round"))
+                        layer = site_layer(context, setup=setup, vector=vector, weight=weight)
+                    if layer is None:
+                        raise ClientAbort("a stage message without a setup")
+                    out = layer.handle(str(header.get("stage")), body) or b""
+                elif kind == "train":
+                    if isinstance(header.get("head"), dict):
+                        self.audit.ack(header["head"], round=round_index)
+                    count = state.contribute(sha, envelope.field(header, "round", int), max_rounds=config.rounds)
+                    answer.update(self.work.train(header, body))
+                    self._event("contribution", {"count": count}, round_index)
+                    if self.work.epsilon is not None:
+                        self._event("epsilon", {"epsilon": self.work.epsilon}, round_index)
+                    answer["head"] = self.audit.head()
+                elif kind in ("evaluate", "moments", "standardize"):
+                    getattr(self.work, kind)(header, body)
+                else:
+                    raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
+            except ClientAbort as abort:
+                answer = {"job": job, "ok": False, "reason": abort.reason}
+                layer = None
+                self._event("abort", {"kind": kind, "reason": abort.reason}, round_index)
+            except PolicyRefused as refusal:
+                answer = {"job": job, "ok": False, "reason": refusal.rule}
+                self._event("job_refused", {"kind": kind, "rule": refusal.rule}, round_index)
+            except (ValueError, ArithmeticError) as error:
+                answer = {"job": job, "ok": False, "reason": type(error).__name__}
+                self._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
+            self.call("answer", envelope.encode(answer, out), round_index=round_index)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def with_noise(config: ExperimentConfig, sigma: float) -> ExperimentConfig:
+    """The plan with the coordinator's calibrated noise multiplier filled in."""
+    return dataclasses.replace(config, dp=dataclasses.replace(config.dp, noise_multiplier=float(sigma)))
+
+
+

@@ -1,0 +1,73 @@
+"""What a site keeps across restarts besides its epsilon ledger: the plans it accepted and the
+rounds it contributed to (``STATE_DIR/site.db``, SQLite WAL, synchronous FULL).
+
+A contribution is recorded *before* the site trains for the round (charge before release), in one
+transaction that refuses a round of a run it already contributed to (a replayed or restarted round)
+and a contribution beyond the plan's number of rounds. So a coordinator that restarts, replays
+rounds or runs more rounds than the plan says cannot make the site release more than the plan's
+rounds, whose epsilon the ledger reserved when the site accepted the plan.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from fedsec.network.errors import PolicyRefused
+from fedsec.state.durable import open_durable, transaction
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (run_id TEXT PRIMARY KEY, plan TEXT NOT NULL, accepted_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS contributions (run_id TEXT NOT NULL, round INTEGER NOT NULL,
+    at TEXT NOT NULL, PRIMARY KEY (run_id, round));
+"""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+class SiteState:
+    """A site's accepted plans and contributions in ``state_dir/site.db`` (created if missing)."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        directory = Path(state_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._db = open_durable(directory / "site.db", schema=_SCHEMA)
+
+    def accept(self, run_id: str, plan: str) -> None:
+        """Record the plan text of ``run_id`` (its SHA-256); accepting it again changes nothing."""
+        with transaction(self._db):
+            self._db.execute("INSERT OR IGNORE INTO plans VALUES (?, ?, ?)", (run_id, plan, _now()))
+
+    def plans(self) -> list[str]:
+        return [r for (r,) in self._db.execute("SELECT run_id FROM plans ORDER BY rowid")]
+
+    def contributed(self, run_id: str) -> list[int]:
+        return [r for (r,) in self._db.execute(
+            "SELECT round FROM contributions WHERE run_id = ? ORDER BY round", (run_id,))]
+
+    def contribute(self, run_id: str, round_index: int, *, max_rounds: int) -> int:
+        """Record a contribution to round ``round_index`` (>= 1) of ``run_id``; returns how many
+        rounds of the run it has contributed to, this one included.
+
+        Raises:
+            PolicyRefused: ``rounds.replayed`` (already contributed to this round), or
+                ``rounds.plan`` (the plan's ``max_rounds`` contributions are done), or
+                ``rounds.invalid`` (a round outside [1, max_rounds]).
+        """
+        if isinstance(round_index, bool) or not isinstance(round_index, int) or not 1 <= round_index <= max_rounds:
+            raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's 1..{max_rounds}")
+        with transaction(self._db):
+            if self._db.execute("SELECT 1 FROM contributions WHERE run_id = ? AND round = ?",
+                                (run_id, round_index)).fetchone():
+                raise PolicyRefused("rounds.replayed", f"this site already contributed to round {round_index}")
+            done = self._db.execute("SELECT COUNT(*) FROM contributions WHERE run_id = ?",
+                                    (run_id,)).fetchone()[0]
+            if done >= max_rounds:
+                raise PolicyRefused("rounds.plan", f"this site has contributed the plan's {max_rounds} rounds")
+            self._db.execute("INSERT INTO contributions VALUES (?, ?, ?)", (run_id, round_index, _now()))
+        return done + 1
+
+    def close(self) -> None:
+        self._db.close()

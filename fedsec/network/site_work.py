@@ -1,0 +1,196 @@
+"""What a site computes for the coordinator's jobs, with the simulation's own code.
+
+- ``train``: the plan's strategy (``strategy.client_update``: local epochs of SGD, or DP-SGD with
+  the noise multiplier the site checked), from the global model the job carries and with the
+  round's training generator (the state the coordinator drew, as the simulation draws it);
+- ``evaluate``: :func:`fl_core.federated_eval.local_evaluation` on the site's held-out split;
+- ``moments``: the site's part of :func:`fl_core.standardize.federated_moments`; ``standardize``
+  then scales its records with the federation's mean and spread.
+
+Each leaves one pending *contribution* (vector, integer weight, purpose, round) that the secure
+layer's site side sums next; a layer setup for another purpose or round is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsec import fl_core
+from fedsec.config import ExperimentConfig
+from fedsec.fl_core.csv_data import ClientData, load_client_csv
+from fedsec.fl_core.errors import NonFiniteError
+from fedsec.fl_core.federated_eval import local_evaluation
+from fedsec.fl_core.parameters import set_vector
+from fedsec.network.envelope import MalformedEnvelope, field, vector_from
+from fedsec.network.errors import PolicyRefused
+from fedsec.protocols.errors import ClientAbort
+
+EPSILON_TOLERANCE = 1e-6
+"""Relative slack when a site checks the plan's epsilon with the coordinator's noise multiplier."""
+
+
+@dataclass
+class Contribution:
+    purpose: str
+    round: int
+    vector: np.ndarray
+    weight: int
+
+
+class SiteWork:
+    """A site's data, model, strategy and privacy for one plan."""
+
+    def __init__(self, config: ExperimentConfig, *, client_id: int, data: ClientData) -> None:
+        self.config, self.client_id = config, client_id
+        self.train_data, self.test_data = data.train, data.test
+        self.n_classes = len(config.data.classes)
+        self.input_shape = (int(data.train.x.shape[1]),)
+        self.pending: Contribution | None = None
+        self.epsilon: float | None = None
+        self.strategy: fl_core.Strategy | None = None
+        self.privacy: Any = None
+        self._moment_mean: np.ndarray | None = None
+        torch.set_num_threads(1)
+        self.model = fl_core.build_model(config.model.name, input_shape=self.input_shape,
+                                         n_classes=self.n_classes, seed=0)
+        self.length = sum(p.numel() for p in self.model.parameters())
+
+    @classmethod
+    def load(cls, config: ExperimentConfig, *, name: str, path: Path) -> SiteWork:
+        """Read and validate the site's file against the plan (raises ``SiteDataError``)."""
+        from fedsec.site_data import schema
+
+        index = config.federation.sites.index(name)
+        data = load_client_csv(path, schema(config), test_fraction=config.data.test_fraction, seed=config.seed,
+                               index=index)
+        return cls(config, client_id=index, data=data)
+
+    def report(self) -> dict[str, Any]:
+        """What the site tells the coordinator when it accepts (public under the plan's unit)."""
+        return {"n_train": len(self.train_data), "n_test": len(self.test_data),
+                "input_shape": list(self.input_shape), "n_classes": self.n_classes}
+
+    def start(self, *, noise_multiplier: Any) -> None:
+        """Build the strategy; under DP-SGD with the coordinator's noise multiplier, which must
+        keep this site's own epsilon over the plan's rounds within ``dp.target_epsilon``.
+
+        Raises:
+            PolicyRefused: ``dp.noise`` (missing, or too small a noise multiplier).
+        """
+        from fedsec.experiment import build_strategy, local_trainer
+        from fedsec.privacy import PrivacySettings, build_privacy_layer
+
+        config = self.config
+        trainer = local_trainer(config)
+        weighting = "samples"
+        if config.dp.mode == "dpsgd":
+            if (isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float)
+                    or not math.isfinite(noise_multiplier) or noise_multiplier <= 0):
+                raise PolicyRefused("dp.noise", "the coordinator sent no valid noise multiplier")
+            settings = dataclasses.replace(PrivacySettings.from_config(config),
+                                           noise_multiplier=float(noise_multiplier))
+            own = fl_core.FederatedDataset(name="site", clients=(self.train_data,), test=self.test_data,
+                                           n_classes=self.n_classes, input_shape=self.input_shape,
+                                           standardize=False)
+            self.privacy = build_privacy_layer(settings, own, fl_core.PlainAggregation(), self.length)
+            budget = self.privacy.budget
+            target = config.dp.target_epsilon
+            if target > 0:
+                probe = type(budget)(profiles=budget.profiles, delta=budget.delta, target_epsilon=0.0,
+                                     accountant=config.dp.accountant, unit="example",
+                                     noise_multiplier=budget.noise_multiplier)
+                for r in range(1, config.rounds + 1):
+                    probe.charge(r)
+                if probe.spent > target * (1 + EPSILON_TOLERANCE):
+                    raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} gives this site "
+                                                    f"epsilon {probe.spent:.4g} over {config.rounds} rounds, "
+                                                    f"above the plan's {target:g}")
+            trainer, weighting = self.privacy.trainer, self.privacy.weighting
+        self.strategy = build_strategy(config, trainer, weighting=weighting)
+
+    def train(self, header: dict[str, Any], body: bytes) -> dict[str, Any]:
+        """Local training for the job's round; returns what the answer adds (the noise stream's
+        position under reproducible DP-SGD). ``ClientAbort('nonfinite')`` when the local model
+        is not finite (the simulation's failed client)."""
+        assert self.strategy is not None
+        round_index = field(header, "round", int)
+        vector = vector_from(body, self.length)
+        rng = np.random.default_rng()
+        state = header.get("rng")
+        if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
+            raise MalformedEnvelope("the training generator's state is not a PCG64 state")
+        try:
+            rng.bit_generator.state = state
+        except (TypeError, ValueError, KeyError):
+            raise MalformedEnvelope("the training generator's state is malformed") from None
+        random = self._noise_stream()
+        if random is not None:
+            offset = field(header, "noise", int)
+            if offset < 0:
+                raise MalformedEnvelope("negative noise-stream offset")
+            random.load_state_dict({"key": random.state_dict()["key"], "offset": offset})
+        try:
+            local = self.strategy.client_update(self.model, vector, self.train_data, rng=rng)
+        except NonFiniteError:
+            raise ClientAbort("nonfinite") from None
+        self.pending = Contribution("update", round_index, local.vector, int(local.weight))
+        extra: dict[str, Any] = {}
+        if self.privacy is not None:
+            self.privacy.budget.charge(round_index)
+            self.epsilon = float(self.privacy.budget.spent)
+        if random is not None:
+            extra["noise"] = int(random.state_dict()["offset"])
+        return extra
+
+    def _noise_stream(self) -> Any:
+        """The seeded DP-SGD noise stream under ``dp.reproducible`` (its position travels with the
+        job, as the simulation's single stream passes from client to client); None otherwise."""
+        if self.privacy is None or not self.config.dp.reproducible or self.privacy.trainer is None:
+            return None
+        return self.privacy.trainer.optimizer.random
+
+    def evaluate(self, header: dict[str, Any], body: bytes) -> None:
+        round_index = field(header, "round", int)
+        set_vector(self.model, vector_from(body, self.length))
+        sums = local_evaluation(self.model, self.test_data, n_classes=self.n_classes)
+        self.pending = Contribution("statistics", round_index, sums, 1)
+
+    def moments(self, header: dict[str, Any], body: bytes) -> None:
+        stage = field(header, "stage", int)
+        flat = self.train_data.x.reshape(len(self.train_data), -1).astype(np.float64)
+        if stage == 1:
+            vector = flat.mean(axis=0)
+        elif stage == 2:
+            mean = np.frombuffer(body, dtype="<f8")
+            if mean.shape != (flat.shape[1],) or not np.isfinite(mean).all():
+                raise MalformedEnvelope("the federation's mean has the wrong size or is not finite")
+            vector = ((flat - mean) ** 2).mean(axis=0)
+        else:
+            raise MalformedEnvelope("moments stage must be 1 or 2")
+        self.pending = Contribution("statistics", 0, vector.astype(np.float32), len(self.train_data))
+
+    def standardize(self, header: dict[str, Any], body: bytes) -> None:
+        d = self.input_shape[0]
+        values = np.frombuffer(body, dtype="<f8")
+        if values.shape != (2 * d,) or not np.isfinite(values).all() or (values[d:] <= 0).any():
+            raise MalformedEnvelope("standardisation needs d finite means and d positive spreads")
+        mean, std = values[:d], values[d:]
+
+        def scale(part: fl_core.ArrayDataset) -> fl_core.ArrayDataset:
+            return fl_core.ArrayDataset(((part.x - mean) / std).astype(np.float32), part.y)
+
+        self.train_data, self.test_data = scale(self.train_data), scale(self.test_data)
+
+    def contribution(self, purpose: Any, round_index: Any) -> tuple[np.ndarray, int]:
+        """The pending contribution for (``purpose``, ``round_index``); ClientAbort otherwise."""
+        p = self.pending
+        if p is None or p.purpose != purpose or p.round != round_index:
+            raise ClientAbort("the aggregation's setup names no pending contribution of this site")
+        return p.vector, p.weight
