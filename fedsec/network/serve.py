@@ -115,7 +115,8 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
                  rng: np.random.Generator) -> RemoteRound:
         context = CoordinatorContext(config=config, rng=rng, names=hub.names, certificates=hub.certificates,
                                      peers=hub.peers, max_weight=max(len(c) for c in data.clients),
-                                     exchange=exchange)
+                                     exchange=exchange, identity=hub.identity, trust=hub.transport.trust,
+                                     cert_path=hub.cert_path, key_path=hub.key_path)
         layer = LAYERS[config.secure.aggregation][0](context)
         held["round"] = RemoteRound(layer=layer, hub=hub, strategy=None, deadline=deadline,  # type: ignore[arg-type]
                                     sequential_noise=config.dp.reproducible and config.dp.mode == "dpsgd",

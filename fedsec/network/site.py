@@ -238,7 +238,8 @@ class Site:
 
     def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:
         context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
-                              names=tuple(config.federation.sites), identity=self.identity, trust=self.trust)
+                              names=tuple(config.federation.sites), identity=self.identity, trust=self.trust,
+                              state=self.paths.state)
         layer: SiteLayer | None = None
         site_layer = LAYERS[config.secure.aggregation][1]
         while True:
