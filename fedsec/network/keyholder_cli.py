@@ -40,6 +40,22 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     parser.add_argument("--key-bits", type=int, default=2048, choices=(2048, 3072),
                         help="Paillier modulus size of a new key (default: %(default)s)")
     parser.set_defaults(network_handler=run)
+    deal = commands.add_parser(
+        "deal", help="threshold custody's key ceremony (the auditor, offline)",
+        description="Draw a Paillier key, split it t-of-N among the plan's roster and write one share "
+        "file per site (NAME.share, mode 0600: hand it to that site, which keeps it as "
+        "STATE_DIR/paillier.share) and dealing.json (public). Signed with this key holder certificate's "
+        "identity key (role keyholder, name federation.keyholder_name). Nothing is kept.")
+    deal.add_argument("plan", metavar="PLAN.toml", help="the deployment plan (roster, threshold)")
+    deal.add_argument("--sites", required=True, nargs="+", metavar="CERT",
+                      help="every roster site's certificate")
+    deal.add_argument("--ca", required=True, metavar="CA_CERT")
+    deal.add_argument("--crl", metavar="CRL", help="default: ca.crl beside CA_CERT")
+    deal.add_argument("--cert", required=True, metavar="CERT", help="the dealer's (key holder) certificate")
+    deal.add_argument("--identity", required=True, metavar="FILE", help="its Ed25519 identity key")
+    deal.add_argument("--out", required=True, metavar="DIR", help="where the share files go (new files only)")
+    deal.add_argument("--key-bits", type=int, default=2048, choices=(2048, 3072))
+    deal.set_defaults(network_handler=run_deal)
 
 
 def _identity_path(args: argparse.Namespace) -> Path:
@@ -98,3 +114,58 @@ def run(args: argparse.Namespace) -> int:
     server.stop(2.0)
     runner.close()
     return EXIT_INTERRUPTED if received and received[0] == signal.SIGINT else 0
+
+
+def run_deal(args: argparse.Namespace) -> int:
+    """``fedsec deal``: write the share files; returns the exit code."""
+    import json
+
+    from fedsec.config import load_config
+    from fedsec.errors import ConfigError
+    from fedsec.network.errors import PeerRejected
+    from fedsec.network.keyholder import load_identity, raw_identity
+    from fedsec.network.layers.paillier import plan_threshold
+    from fedsec.network.layers.paillier_dealer import deal, write_new
+    from fedsec.network.pki import Trust, verify_peer
+
+    try:
+        config = load_config(args.plan)
+    except ConfigError as error:
+        raise ValueError(str(error)) from None
+    f = config.federation
+    if config.secure.aggregation != "paillier" or config.secure.custody != "threshold":
+        raise ValueError("secure.custody: the plan does not use Paillier with threshold custody")
+    if not f.sites:
+        raise ValueError("federation.sites: the plan lists no roster")
+    crl = Path(args.crl) if args.crl else Path(args.ca).with_name("ca.crl")
+    trust = Trust.load(args.ca, crl)
+    cert_pem = Path(args.cert).read_bytes()
+    try:
+        me = verify_peer(cert_pem, trust=trust, roles=("keyholder",), roster={f.keyholder_name})
+    except PeerRejected as error:
+        raise ValueError(f"cert: {args.cert} is not the plan's key holder {f.keyholder_name!r} "
+                         f"({error.reason})") from None
+    identity = load_identity(args.identity)
+    if identity.public != raw_identity(me.identity_key):
+        raise ValueError(f"identity: {args.identity} is not the identity key in {args.cert}")
+    certificates = {}
+    for path in args.sites:
+        pem = Path(path).read_bytes()
+        try:
+            certificates[verify_peer(pem, trust=trust, roles=("site",)).name] = pem
+        except PeerRejected as error:
+            raise ValueError(f"sites: {path} does not verify ({error.reason})") from None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "dealing.json").exists() or any((out / f"{n}.share").exists() for n in f.sites):
+        raise ValueError(f"out: {out} already holds a dealing; refusing to overwrite it")
+    threshold = plan_threshold(config, len(f.sites))
+    shares, public = deal(roster=list(f.sites), site_certificates=certificates, threshold=threshold,
+                          trust=trust, identity=identity, dealer_certificate=cert_pem, key_bits=args.key_bits)
+    for name, record in shares.items():
+        write_new(out / f"{name}.share", json.dumps(record, sort_keys=True) + "\n", 0o600)
+    write_new(out / "dealing.json", json.dumps(public, sort_keys=True, indent=1) + "\n", 0o644)
+    print(f"dealt key {public['key_id']} {threshold}-of-{len(f.sites)} to {', '.join(f.sites)}; wrote "
+          f"{len(shares)} share files (mode 0600; each goes to its site as STATE_DIR/paillier.share) and "
+          f"{out / 'dealing.json'}")
+    return 0
