@@ -7,7 +7,7 @@ topic       request                                    reply
 ==========  =========================================  ===========================================
 ``plan``    nothing                                    the plan's bytes (its SHA-256 in the header)
 ``refuse``  ``{sha256, rule}``                         nothing (the site leaves)
-``accept``  ``{sha256, n_train, n_test, input_shape,   ``{client_id, noise_multiplier, head}``
+``accept``  ``{sha256, n_train, n_test, input_shape,   ``{client_id, head}``
             n_classes}``
 ``poll``    nothing                                    the site's next job, or ``wait`` after
                                                        ``poll_wait`` seconds with none
@@ -192,8 +192,7 @@ class Hub:
         self.audit.event("site_rejoined" if rejoined else "site_joined",
                          details={"site": peer.name, "fingerprint": peer.fingerprint, "n_train": info.n_train,
                                   "n_test": info.n_test})
-        return envelope.encode({"client_id": info.client_id, "noise_multiplier": self.noise_multiplier,
-                                "head": self.audit.head()})
+        return envelope.encode({"client_id": info.client_id, "head": self.audit.head()})
 
     def job(self, kind: str, round_index: int | None, header: dict[str, Any] | None = None,
             body: bytes = b"") -> tuple[int, bytes]:

@@ -8,12 +8,15 @@ and the reply (``kind`` = topic + ``.reply``). The site records ``send`` of the 
 each pair in one transaction (one fsync). An empty long poll (nothing to do yet) is recorded by
 neither side. Both sides record the round the message belongs to, so ``fedsec audit reconcile``
 pairs them.
+
+The coordinator serves calls on many threads; SQLite connections belong to one thread, so every
+write goes through one writer thread (each call waits for its write: on disk when it returns).
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,34 +35,33 @@ class PartyAudit:
     """The audit log ``directory/audit.db`` of the party ``actor``, signed with its identity key."""
 
     def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str) -> None:
-        self.log = AuditLog(Path(directory) / LOG, actor=actor, key=key, run_id=run_id)
         self.actor = actor
-        self._lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
+        self.log = self._run(AuditLog, Path(directory) / LOG, actor=actor, key=key, run_id=run_id)
+
+    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._writer.submit(fn, *args, **kwargs).result()
 
     def event(self, action: str, *, round: int | None = None, stage: str | None = None,
               details: dict[str, Any] | None = None, peer_ref: str | None = None) -> None:
-        with self._lock:
-            self.log.append(action, round=round, stage=stage, details=details, peer_ref=peer_ref)
+        self._run(self.log.append, action, round=round, stage=stage, details=details, peer_ref=peer_ref)
 
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party made: its request to ``peer`` and the reply."""
-        with self._lock:
-            self.log.append_many([("send", round, None, message("to", peer, kind, request), None),
-                                  ("receive", round, None, message("from", peer, kind + ".reply", reply),
-                                   None)])
+        self._run(self.log.append_many, [("send", round, None, message("to", peer, kind, request), None),
+                                         ("receive", round, None, message("from", peer, kind + ".reply", reply),
+                                          None)])
 
     def received_then_sent(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party served: ``peer``'s request and this party's reply."""
-        with self._lock:
-            self.log.append_many([("receive", round, None, message("from", peer, kind, request), None),
-                                  ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
+        self._run(self.log.append_many, [("receive", round, None, message("from", peer, kind, request), None),
+                                         ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
 
     def head(self) -> dict[str, Any]:
         """This log's head, to hand to a peer (JSON)."""
-        with self._lock:
-            h = self.log.head()
+        h = self._run(self.log.head)
         return {"actor": h.actor, "fingerprint": h.fingerprint, "seq": h.seq, "hash": h.hash}
 
     def ack(self, head: dict[str, Any], *, round: int | None = None) -> None:
@@ -68,9 +70,8 @@ class PartyAudit:
             peer = Head(str(head["actor"]), str(head["fingerprint"]), int(head["seq"]), str(head["hash"]))
         except (KeyError, TypeError, ValueError):
             return
-        with self._lock:
-            self.log.ack(peer, round=round)
+        self._run(self.log.ack, peer, round=round)
 
     def close(self) -> None:
-        with self._lock:
-            self.log.close()
+        self._run(self.log.close)
+        self._writer.shutdown()

@@ -104,7 +104,8 @@ class RemoteRound(AggregationProtocol):
         assert self.strategy.vector is not None
         body = vector_bytes(self.strategy.vector)
         names = self.hub.names
-        jobs = {c: ({"rng": self.strategy.pending[c], "head": self.hub.audit.head()}, body) for c in ids}
+        jobs = {c: ({"rng": self.strategy.pending[c], "head": self.hub.audit.head(),
+                     "noise_multiplier": self.hub.noise_multiplier}, body) for c in ids}
         done: set[int] = set()
         if not self.sequential_noise:
             answers = self.hub.exchange("train", round_index, {names[c]: jobs[c] for c in ids}, self.deadline)

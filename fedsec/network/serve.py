@@ -175,7 +175,7 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
         server.setup_upload_bytes += upload
     experiment.extras.append(lambda result, out: {"deployment": {
         "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
-        "audit": str(out / "audit.db") if out is not None else None}})
+        "audit": "audit.db"}})
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)

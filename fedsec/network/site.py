@@ -12,9 +12,9 @@ Order of a site's first calls, and what stops it:
    nothing is sent.
 3. the ledger reserves the run's epsilon (``BEGIN IMMEDIATE``, on disk), the plan is recorded in
    ``site.db``, and ``accept`` tells the coordinator its sizes (public under the plan's unit).
-4. the noise multiplier the coordinator calibrated: the site recomputes its own epsilon over the
-   plan's rounds with it and refuses (``dp.noise``, exit 3) one that would exceed the plan's
-   ``dp.target_epsilon``.
+4. with its first training job, the noise multiplier the coordinator calibrated (from every
+   site's size): the site recomputes its own epsilon over the plan's rounds with it and refuses
+   (``dp.noise``, exit 3) one that would exceed the plan's ``dp.target_epsilon``.
 
 Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
 rounds than the plan's, is refused), and its epsilon is entered in the audit log. SIGTERM ends
@@ -208,13 +208,6 @@ class Site:
         answer, _ = envelope.decode(accepted)
         if isinstance(answer.get("head"), dict):
             self.audit.ack(answer["head"])
-        try:
-            self.work.start(noise_multiplier=answer.get("noise_multiplier"))
-        except PolicyRefused as refusal:
-            self.say(f"refused: {refusal.rule}: {refusal}")
-            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
-            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
-            return EXIT_REFUSED
         self.say(f"accepted as client {self.work.client_id} of {len(config.federation.sites)}; "
                  f"{self.work.report()['n_train']} training and {self.work.report()['n_test']} test records")
         return self._jobs(config, sha, state)
@@ -268,6 +261,14 @@ class Site:
                         raise ClientAbort("a stage message without a setup")
                     out = layer.handle(str(header.get("stage")), body) or b""
                 elif kind == "train":
+                    if self.work.strategy is None:
+                        try:
+                            self.work.start(noise_multiplier=header.get("noise_multiplier"))
+                        except PolicyRefused as refusal:
+                            self.say(f"refused: {refusal.rule}: {refusal}")
+                            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
+                            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
+                            return EXIT_REFUSED
                     if isinstance(header.get("head"), dict):
                         self.audit.ack(header["head"], round=round_index)
                     count = state.contribute(sha, envelope.field(header, "round", int), max_rounds=config.rounds)
