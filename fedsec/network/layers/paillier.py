@@ -41,7 +41,6 @@ import numpy as np
 
 from fedsec.fl_core import clients_per_round
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
-from fedsec.network import envelope
 from fedsec.network.errors import MalformedFrame, PeerRejected
 from fedsec.network.keyholder import raw_identity
 from fedsec.network.layers.base import (
@@ -57,6 +56,7 @@ from fedsec.protocols.encoding import encoder_for
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
+from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
 from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
 
@@ -308,7 +308,7 @@ class KeyHolderCustody(_Custody):
                 welcomes[c] = client.register(registration)
             except TransportError:
                 self.why[c] = "the key holder refused its registration"
-        submissions = ctx.exchange(SUBMIT, {c: envelope.encode({"welcome": w.hex()}, spec.to_bytes())
+        submissions = ctx.exchange(SUBMIT, {c: Writer().blob(w).blob(spec.to_bytes()).getvalue()
                                             for c, w in welcomes.items()})
         for c in sorted(submissions):
             upload += len(submissions[c])
@@ -377,8 +377,9 @@ class KeyHolderSite:
             return b"" if self.held.welcomed else self.registration
         if stage == SUBMIT:
             try:
-                header, spec_bytes = envelope.decode(message)
-                welcome = hex_field(header, "welcome")
+                reader = Reader(message)
+                welcome, spec_bytes = bytes(reader.view()), bytes(reader.view())
+                reader.end()
                 spec = RoundSpec.from_bytes(spec_bytes)
             except (ValueError, MalformedMessage):
                 raise ClientAbort(BAD_SETUP) from None

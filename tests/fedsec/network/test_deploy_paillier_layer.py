@@ -80,7 +80,7 @@ class Sites:
             if c in self.silent:
                 continue
             try:
-                if c not in self.layers:
+                if message[:4] == b"FSJ1":  # a setup starts a new layer, as fedsec/network/site.py
                     setup, message = split_first(message)
                     site_layer = LAYERS[setup["layer"]][1]
                     self.layers[c] = site_layer(self.contexts[c], setup=setup, vector=self.vectors[c],
@@ -145,7 +145,6 @@ def run_both(study, config, custody, tmp_path, rounds):
     results = []
     for round_index, ids, purpose in rounds:
         side.vectors, side.weights = inputs(round_index)
-        side.layers = {}
         deployed = coordinator.aggregate(round_index, [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1)
                                                        for c in ids], purpose=purpose)
         simulated = sim.aggregate(round_index, [ClientUpdate(c, side.vectors[c], side.weights[c])
