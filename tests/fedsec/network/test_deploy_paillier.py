@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedsec.audit.log import read_events
+from fedsec.cli import main as fedsec_main
 from tests.fedsec.network.conftest import enrol
 from tests.fedsec.network.keyholder_helpers import ROOT, keyholder_process
 from tests.fedsec.test_csv_run import LABEL, write_shards
@@ -101,16 +102,28 @@ def run_deployment(study, root: Path, plan: Path, out: Path, states: dict[str, P
 
 
 def simulated_history(plan: Path, out: Path) -> str:
-    run = subprocess.run(fedsec("run", str(plan), "--out", str(out), "--quiet"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert run.returncode == 0, run.stderr
+    """``fedsec run`` on the same plan (in this process: the CSV shards are ``data.files``)."""
+    assert fedsec_main(["run", str(plan), "--out", str(out), "--quiet"]) == 0
     return (out / "history.csv").read_text()
 
 
-def without_seconds(history: str) -> list[list[str]]:
-    rows = list(csv.reader(history.splitlines()))
-    drop = rows[0].index("seconds")
-    return [[cell for i, cell in enumerate(row) if i != drop] for row in rows]
+def assert_same_history(deployed: str, simulated: str, *, upload_tolerance: float = 0.0) -> None:
+    """Every column equal but ``seconds``; ``loss`` to 1e-6 relative: the federated loss sum is
+    computed at the site (torch, another process) and can differ from the simulation's in its last
+    bits, which moves the stochastic rounding of the 48-bit statistics encoding by a quantum
+    (about 1e-7 of the sum); accuracy, epsilon, participants and upload are exact."""
+    mine, theirs = list(csv.DictReader(deployed.splitlines())), list(csv.DictReader(simulated.splitlines()))
+    assert len(mine) == len(theirs) and mine[0].keys() == theirs[0].keys()
+    for a, b in zip(mine, theirs):
+        for key in a:
+            if key == "seconds":
+                continue
+            if key == "loss":
+                assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-6)
+            elif key.endswith("upload_bytes") and upload_tolerance:
+                assert abs(int(a[key]) - int(b[key])) <= int(b[key]) * upload_tolerance
+            else:
+                assert a[key] == b[key], (key, a[key], b[key])
 
 
 def test_key_holder_custody_deployed_run_equals_the_simulation(study, deployment, tmp_path):
@@ -122,7 +135,7 @@ def test_key_holder_custody_deployed_run_equals_the_simulation(study, deployment
         keyholder.terminate()
         assert keyholder.wait(timeout=20) == 0
     deployed = (tmp_path / "run" / "history.csv").read_text()
-    assert without_seconds(deployed) == without_seconds(simulated_history(plan, tmp_path / "sim"))
+    assert_same_history(deployed, simulated_history(plan, tmp_path / "sim"))
     served = [e for e in read_events(tmp_path / "kh" / "audit.db") if e.action == "decrypt.served"]
     assert len(served) >= 2 and all(e.payload()["contributors"] == [0, 1, 2, 3] for e in served)
     assert [e.round for e in served] == list(range(1, len(served) + 1))
@@ -146,12 +159,7 @@ def test_threshold_custody_deployed_run_equals_the_simulation(study, deployment,
         shutil.copy2(tmp_path / "dealing" / f"{name}.share", states[name] / "paillier.share")
         assert os.stat(states[name] / "paillier.share").st_mode & 0o777 == 0o600
     run_deployment(study, root, plan, tmp_path / "run", states)
-    deployed = without_seconds((tmp_path / "run" / "history.csv").read_text())
-    simulated = without_seconds(simulated_history(plan, tmp_path / "sim"))
-    upload = deployed[0].index("upload_bytes")
     # Proofs hold random integers of varying byte length: the upload may differ by a few bytes.
-    for mine, theirs in zip(deployed[1:], simulated[1:], strict=True):
-        assert mine[:upload] + mine[upload + 1:] == theirs[:upload] + theirs[upload + 1:]
-        assert abs(int(mine[upload]) - int(theirs[upload])) <= int(theirs[upload]) // 200
-    assert deployed[0] == simulated[0]
+    simulated = simulated_history(plan, tmp_path / "sim")
+    assert_same_history((tmp_path / "run" / "history.csv").read_text(), simulated, upload_tolerance=0.005)
     assert all((states[n] / "endorsements.db").exists() for n in SITES)
