@@ -5,9 +5,11 @@ site keeps its own in ``STATE_DIR/paillier.share`` and its endorsement record in
 ``STATE_DIR/endorsements.db`` (:class:`fedsec.state.SqliteEndorsementStore`: a site that
 restarts still refuses a second contributor list of an aggregation it endorsed). The coordinator
 holds only public values; it learns the dealing (announcement, verification keys, dealer
-certificate) from the sites on its first aggregation (``paillier/hello``) and checks it itself:
+certificate) from the sites on its first aggregation (``paillier/hello``) and checks each itself:
 the dealer's certificate against the root (role ``keyholder``, name
-``federation.keyholder_name``), the signatures, the threshold and the roster.
+``federation.keyholder_name``), the signatures, the threshold and the roster; of the dealings
+that verify it takes the one most sites hold (a site replaying an older dealing of the same
+auditor cannot swap the key for the others: its own submissions then fail and it drops out).
 
 Stages per aggregation: ``paillier/submit`` (spec -> signed submission with its proof of
 plaintext knowledge), ``paillier/endorse`` (the contributor list -> the party's signature, at most
@@ -118,14 +120,23 @@ class ThresholdCustody(_Custody):
         if self.public_key is None:
             hello = ctx.exchange(HELLO, {c: first_message(firsts[c], b"") for c in ids})
             firsts = {}
+            held: dict[bytes, list[int]] = {}
+            dealings = {}
             for c in sorted(hello):
                 try:
-                    self.public_key, self.directory = self._dealing(hello[c])
-                    break
+                    public_key, directory = self._dealing(hello[c])
                 except (MalformedMessage, PeerRejected, ValueError):
                     self.why[c] = "its dealing does not verify"
-            if self.public_key is None:
+                    continue
+                dealings[public_key.key_id] = (public_key, directory)
+                held.setdefault(public_key.key_id, []).append(c)
+            if not held:
                 raise ProtocolAbort("no site holds a dealing that verifies for this plan")
+            key_id = max(held, key=lambda k: (len(held[k]), -held[k][0]))
+            self.public_key, self.directory = dealings[key_id]
+            for other, holders in held.items():
+                for c in holders if other != key_id else ():
+                    self.why[c] = "it holds another dealing"
         self._sequence += 1
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
                           tagged=False)
@@ -142,7 +153,7 @@ class ThresholdCustody(_Custody):
             try:
                 server.receive(c, submissions[c])
             except MalformedMessage:
-                self.why[c] = "its submission was refused"
+                self.why.setdefault(c, "its submission was refused")
         coordinator = ThresholdCoordinator(server, directory=self.directory, roster=roster)
         listing = coordinator.contributor_list()
         endorsements = ctx.exchange(ENDORSE, {c: listing for c in ids})

@@ -94,10 +94,14 @@ class Sites:
         return replies
 
 
+def _plan_values(custody: str, address: str = "127.0.0.1:1") -> dict:
+    return {"data.clients": 4, "secure.aggregation": "paillier", "secure.custody": custody,
+            "federation.sites": list(NAMES), "federation.keyholder": address, "federation.min_sites": 2,
+            "dp.mode": "dpsgd", "dp.reproducible": True}
+
+
 def plan(custody: str, address: str = "127.0.0.1:1"):
-    return make_config({"data.clients": 4, "secure.aggregation": "paillier", "secure.custody": custody,
-                        "federation.sites": list(NAMES), "federation.keyholder": address,
-                        "federation.min_sites": 2, "dp.mode": "dpsgd", "dp.reproducible": True})
+    return make_config(_plan_values(custody, address))
 
 
 def coordinator_context(study, config, sites_side: Sites, seed: int) -> CoordinatorContext:
@@ -232,3 +236,32 @@ def test_threshold_custody_deployed_equals_the_simulation(study, sites, tmp_path
     run_both(study, config, "threshold", tmp_path, [(1, [0, 1, 2, 3], "update"),
                                                     (2, [0, 1, 2, 3], "statistics")])
     assert (tmp_path / "sites" / "hosp-a" / "endorsements.db").exists()
+
+
+@pytest.mark.slow
+def test_a_site_holding_another_dealing_cannot_swap_the_key_for_the_others(study, sites, tmp_path):
+    """Adversary: a site that replays an older (validly signed) dealing of the same auditor in
+    ``paillier/hello``. The coordinator takes the dealing most sites hold; the odd site's
+    submission (a proof under another key) is refused and the round is the others' exact sum."""
+    import json
+
+    config = make_config({**_plan_values("threshold"), "secure.threshold": 2})
+    auditor = study.parties["auditor"]
+    dealings = [deal(roster=list(NAMES), site_certificates={n: study.parties[n].cert_pem for n in NAMES},
+                     threshold=2, trust=study.trust(), identity=load_identity(identity_path(auditor)),
+                     dealer_certificate=auditor.cert_pem)[0] for _ in range(2)]
+    for name in NAMES:
+        directory = tmp_path / "sites" / name
+        directory.mkdir(parents=True)
+        record = dealings[1 if name == "hosp-a" else 0][name]  # hosp-a, the lowest id, holds the old one
+        fd = os.open(directory / SHARE_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record))
+    side = Sites(study, config, NAMES, *inputs(0), tmp_path / "sites")
+    coordinator = LAYERS["paillier"][0](coordinator_context(study, config, side, 3))
+    result = coordinator.aggregate(1, [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1) for c in range(4)])
+    assert result.participants == (1, 2, 3) and result.dropped == (0,)
+    assert coordinator.last_dropped == {0: "it holds another dealing"}
+    assert coordinator.custody.public_key.n == int(dealings[0]["hosp-b"]["n"], 16)
+    expected = sum(side.weights[c] * np.clip(side.vectors[c].astype(np.float64), -1, 1) for c in (1, 2, 3))
+    assert np.allclose(result.weighted_sum, expected, atol=4 * 3 * MAX_WEIGHT * 2 / 2**16)
