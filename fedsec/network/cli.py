@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD
     except OSError as error:
         detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
-        what = " ".join(filter(None, (args.command, getattr(args, "tool", None))))
-        print(f"fedsec: {what} failed: {detail}", file=sys.stderr)
+        command = " ".join(filter(None, (args.command, getattr(args, "tool", None))))
+        print(f"fedsec: {command} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -27,7 +27,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,18 +59,47 @@ class SiteInfo:
 
 
 class _RecordingServer(TransportServer):
-    """A transport server that keeps each admitted peer's certificate (PEM), to relay it."""
+    """A transport server that keeps each admitted peer's certificate (PEM), to relay it, and
+    counts the bytes of the gRPC messages (framing headers and chunks) each peer sends and gets:
+    what crosses the wire inside TLS and HTTP/2, whose own overhead is not counted."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.certificates: dict[str, bytes] = {}
         self.peers: dict[str, Peer] = {}
+        self.wire: dict[str, list[int]] = {}
+        """``name -> [bytes received from it, bytes sent to it]``."""
+        self._local = threading.local()
+        self._count = threading.Lock()
 
     def admit(self, context: grpc.ServicerContext) -> Peer:
         peer = super().admit(context)
         self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
         self.peers[peer.name] = peer
+        self._local.peer = peer.name
         return peer
+
+    def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._local.peer = None
+        up = [0]
+
+        def counted() -> Iterator[bytes]:
+            for chunk in requests:
+                up[0] += len(chunk)
+                yield chunk
+
+        down = 0
+        try:
+            for chunk in super()._exchange(counted(), context):
+                down += len(chunk)
+                yield chunk
+        finally:
+            name = self._local.peer
+            if name is not None:
+                with self._count:
+                    totals = self.wire.setdefault(name, [0, 0])
+                    totals[0] += up[0]
+                    totals[1] += down
 
 
 class Hub:
@@ -96,6 +125,8 @@ class Hub:
         self.noise_multiplier: float | None = None
         self.job_rounds: dict[int, int | None] = {}
         self.round: int | None = None
+        self.absent: set[str] = set()
+        """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
         self.identity: SigningKey | None = None
         self.cert_path: Path | None = None
@@ -103,9 +134,9 @@ class Hub:
         """This coordinator's identity key and certificate and TLS key files, for a layer that dials
         another party (the Paillier key holder); set by ``fedsec serve``."""
         self._joined = threading.Condition()
-        self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem, handler=self.handle,
-                                          roster=frozenset(self.names), roles=("site",), listen=listen,
-                                          workers=2 * len(self.names) + 4)
+        self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
+                                          handler=self.handle, roster=frozenset(self.names), roles=("site",),
+                                          listen=listen, workers=2 * len(self.names) + 4)
 
     @property
     def certificates(self) -> Mapping[str, bytes]:
@@ -114,6 +145,10 @@ class Hub:
     @property
     def peers(self) -> Mapping[str, Peer]:
         return self.transport.peers
+
+    @property
+    def wire(self) -> Mapping[str, list[int]]:
+        return self.transport.wire
 
     def start(self) -> int:
         return self.transport.start()
@@ -153,6 +188,7 @@ class Hub:
         elif topic == "poll":
             if peer.name not in self.sites:
                 raise ValueError("poll before accepting the plan")
+            self.absent.discard(peer.name)
             job = self.mailboxes.poll(peer.name, self.poll_wait)
             if job is None:
                 return envelope.encode({"kind": "wait"})
@@ -178,7 +214,8 @@ class Hub:
                 any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
             raise ValueError("input_shape is not a list of positive integers")
         info = SiteInfo(peer.name, self.names.index(peer.name), envelope.field(header, "n_train", int),
-                        envelope.field(header, "n_test", int), tuple(shape), envelope.field(header, "n_classes", int))
+                        envelope.field(header, "n_test", int), tuple(shape),
+                        envelope.field(header, "n_classes", int))
         if info.n_train < 1 or info.n_test < 1:
             raise ValueError("a site needs training and test records")
         with self._joined:
@@ -187,6 +224,7 @@ class Hub:
                 raise ValueError("the site's data shape differs from the other sites'")
             rejoined = peer.name in self.sites
             self.sites[peer.name] = info
+            self.absent.discard(peer.name)
             self._joined.notify_all()
         self.mailboxes.clear(peer.name)
         self.audit.event("site_rejoined" if rejoined else "site_joined",
@@ -199,19 +237,24 @@ class Hub:
         """A new job (its id and payload) of ``kind`` for ``round_index``."""
         number = self.mailboxes.next_id()
         self.job_rounds[number] = round_index
-        return number, envelope.encode({"job": number, "kind": kind, "round": round_index, **(header or {})}, body)
+        return number, envelope.encode({"job": number, "kind": kind, "round": round_index, **(header or {})},
+                                       body)
 
     def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
                  deadline: float) -> dict[str, tuple[dict[str, Any], bytes]]:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded)."""
-        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in jobs.items()}
+        present = {name: job for name, job in jobs.items() if name in self.sites and name not in self.absent}
+        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
         for name in jobs:
             if name not in answers:
+                reason = "no answer before the deadline" if name in posted else "not connected"
+                if name in posted:
+                    self.absent.add(name)
                 self.audit.event("dropout", round=round_index, stage=kind,
-                                 details={"site": name, "reason": "no answer before the deadline"})
+                                 details={"site": name, "reason": reason})
                 continue
             try:
                 header, body = envelope.decode(answers[name])
@@ -219,7 +262,8 @@ class Hub:
                 header, body = {"ok": False, "reason": "malformed answer"}, b""
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
-                self.audit.event("dropout", round=round_index, stage=kind, details={"site": name, "reason": reason})
+                self.audit.event("dropout", round=round_index, stage=kind,
+                                 details={"site": name, "reason": reason})
                 continue
             good[name] = (header, body)
         return good

@@ -160,8 +160,8 @@ def run_demo(root: Path, n_sites: int, *, rounds: int = 30, say=print) -> int:
     sites = []
     try:
         for k in range(n_sites):
-            sites.append(subprocess.Popen(join_command(d, k, port), stdout=open(logs / f"{d.sites[k].name}.log", "w"),
-                                          stderr=subprocess.STDOUT))
+            log = open(logs / f"{d.sites[k].name}.log", "w")
+            sites.append(subprocess.Popen(join_command(d, k, port), stdout=log, stderr=subprocess.STDOUT))
             say(f"{d.sites[k].name} joined from its own process (pid {sites[-1].pid})")
         assert coordinator.stdout is not None
         for line in coordinator.stdout:
@@ -176,7 +176,9 @@ def run_demo(root: Path, n_sites: int, *, rounds: int = 30, say=print) -> int:
                 p.wait()
     say(f"run directory: {d.run_dir} (history.csv, summary.json, model.pt, audit.db)")
     for k, s in enumerate(d.sites):
-        say(f"{s.name}: state and audit log {d.state(k)} (audit.db, ledger.db, site.db); log {logs / (s.name + '.log')}")
-    paths = " ".join(str(p) for p in [d.run_dir / "audit.db", *(d.state(k) / "audit.db" for k in range(n_sites))])
+        say(f"{s.name}: state and audit log {d.state(k)} (audit.db, ledger.db, site.db); "
+            f"log {logs / (s.name + '.log')}")
+    paths = " ".join(str(p) for p in [d.run_dir / "audit.db",
+                                      *(d.state(k) / "audit.db" for k in range(n_sites))])
     say(f"check every party's record: fedsec audit reconcile {paths} --coordinator coordinator")
     return code

@@ -37,6 +37,19 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
                       help="the site's state: ledger, accepted plans, audit log (default %(default)s)")
     join.add_argument("--server", default="coordinator", metavar="NAME",
                       help="the coordinator's certificate name (default %(default)s)")
+    demo = commands.add_parser("demo", help="demonstrations on this machine",
+                               description="Run a demonstration on this machine.")
+    demo_tools = demo.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    deploy = demo_tools.add_parser(
+        "deploy", help="a real deployment on 127.0.0.1: a CA, a coordinator and N hospitals, each its "
+        "own OS process", description="Creates a study CA, enrols a coordinator and N hospitals, "
+        "writes each hospital its own CSV shard of the breast-cancer data, and runs the default "
+        "private experiment (masking + DP-SGD) with every party as its own process on 127.0.0.1.")
+    deploy.add_argument("--sites", type=int, default=4, help="hospitals, >= 3 (default %(default)s)")
+    deploy.add_argument("--rounds", type=int, default=30, help="rounds, >= 1 (default %(default)s)")
+    deploy.add_argument("--out", default="fedsec-demo", metavar="DIR", help="a new folder for every "
+                        "party's files (default %(default)s)")
+    deploy.set_defaults(network_handler=_demo)
     for parser, handler in ((serve, _serve), (join, _join)):
         parser.add_argument("--ca", required=True, metavar="CA_CERT")
         parser.add_argument("--crl", metavar="CA_CRL", help="the revocation list (default: ca.crl beside "
@@ -128,3 +141,16 @@ def _join(args: argparse.Namespace) -> int:
                                                       data=data, state=Path(args.state)),
                 policy=policy, server_name=args.server)
     return site.run()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fedsec.network.demo import run_demo
+
+    if args.sites < 3:
+        raise ValueError(f"--sites: masking needs >= 3 hospitals, got {args.sites}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds: must be >= 1, got {args.rounds}")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out: {out} exists and is not empty")
+    return run_demo(out.resolve(), args.sites, rounds=args.rounds, say=lambda text: print(text, flush=True))

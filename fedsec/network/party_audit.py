@@ -28,7 +28,8 @@ LOG = "audit.db"
 
 def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, Any]:
     """Details of a ``send`` (``direction`` = ``"to"``) or ``receive`` (``"from"``) event."""
-    return {direction: peer, "kind": kind, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    return {direction: peer, "kind": kind, "size": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest()}
 
 
 class PartyAudit:
@@ -49,15 +50,16 @@ class PartyAudit:
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party made: its request to ``peer`` and the reply."""
-        self._run(self.log.append_many, [("send", round, None, message("to", peer, kind, request), None),
-                                         ("receive", round, None, message("from", peer, kind + ".reply", reply),
-                                          None)])
+        self._run(self.log.append_many, [
+            ("send", round, None, message("to", peer, kind, request), None),
+            ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
 
     def received_then_sent(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party served: ``peer``'s request and this party's reply."""
-        self._run(self.log.append_many, [("receive", round, None, message("from", peer, kind, request), None),
-                                         ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
+        self._run(self.log.append_many, [
+            ("receive", round, None, message("from", peer, kind, request), None),
+            ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
 
     def head(self) -> dict[str, Any]:
         """This log's head, to hand to a peer (JSON)."""

@@ -90,15 +90,30 @@ class RemoteRound(AggregationProtocol):
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         self.hub.round = round_index
-        if purpose != "update":
+        if purpose == "update":
+            ids = [int(u.client_id) for u in updates]
+            trained = self._train(round_index, ids)
+            self.on_trained(round_index, [self.hub.names[c] for c in trained])
+            updates = [u for u in updates if int(u.client_id) in trained]
+            if not updates:
+                raise ProtocolAbort("no site trained before the deadline")
+        try:
             return self.layer.aggregate(round_index, updates, purpose=purpose)
-        ids = [int(u.client_id) for u in updates]
-        trained = self._train(round_index, ids)
-        self.on_trained(round_index, [self.hub.names[c] for c in trained])
-        kept = [u for u in updates if int(u.client_id) in trained]
-        if not kept:
-            raise ProtocolAbort("no site trained before the deadline")
-        return self.layer.aggregate(round_index, kept, purpose=purpose)
+        except ProtocolAbort as abort:
+            self.hub.audit.event("abort", round=round_index, stage=purpose, details={"reason": str(abort)})
+            raise
+        finally:
+            self._record(round_index, purpose)
+
+    def _record(self, round_index: int, purpose: str) -> None:
+        """Dropouts and misbehaviour the layer saw, in the audit log."""
+        names = self.hub.names
+        for c, why in sorted(self.layer.last_dropped.items()):
+            self.hub.audit.event("dropout", round=round_index, stage=f"{self.layer.name}/{purpose}",
+                                 details={"site": names[c], "reason": why})
+        for c, why in sorted(getattr(self.layer, "last_misbehaved", {}).items()):
+            self.hub.audit.event("misbehaved", round=round_index, stage=f"{self.layer.name}/{purpose}",
+                                 details={"site": names[c], "reason": why})
 
     def _train(self, round_index: int, ids: list[int]) -> set[int]:
         assert self.strategy.vector is not None
@@ -114,8 +129,8 @@ class RemoteRound(AggregationProtocol):
             return done
         for c in ids:
             header, _ = jobs[c]
-            answers = self.hub.exchange("train", round_index, {names[c]: ({**header, "noise": self.noise_offset},
-                                                                         body)}, self.deadline)
+            job = {names[c]: ({**header, "noise": self.noise_offset}, body)}
+            answers = self.hub.exchange("train", round_index, job, self.deadline)
             if names[c] in answers:
                 offset = answers[names[c]][0].get("noise")
                 if isinstance(offset, int) and not isinstance(offset, bool) and offset >= self.noise_offset:
@@ -196,6 +211,6 @@ def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, de
     variance, upload_var = aggregate(2, np.asarray(mean, dtype="<f8").tobytes())
     std = np.sqrt(np.maximum(variance, 0.0))
     std[std < MIN_STD] = 1.0
-    hub.exchange("standardize", 0, {n: ({}, np.asarray(mean, dtype="<f8").tobytes()
-                                         + np.asarray(std, dtype="<f8").tobytes()) for n in hub.sites}, deadline)
+    scaling = np.asarray(mean, dtype="<f8").tobytes() + np.asarray(std, dtype="<f8").tobytes()
+    hub.exchange("standardize", 0, {n: ({}, scaling) for n in hub.sites}, deadline)
     return mean, std, upload_mean + upload_var

@@ -77,7 +77,8 @@ class SiteLedgers:
             budget = self.budgets.get(name)
             if budget is not None:
                 budget.charge(round_index)
-                self.audit.event("epsilon", round=round_index, details={"party": name, "epsilon": budget.spent})
+                self.audit.event("epsilon", round=round_index,
+                                 details={"party": name, "epsilon": budget.spent})
 
 
 def placeholder_data(config: ExperimentConfig, names: tuple[str, ...],
@@ -88,7 +89,8 @@ def placeholder_data(config: ExperimentConfig, names: tuple[str, ...],
     shape, smallest = first.input_shape, min(s.n_train for s in sites.values())
     sizes = [sites[n].n_train if n in sites else smallest for n in names]
     tests = [sites[n].n_test if n in sites else 1 for n in names]
-    clients = tuple(fl_core.ArrayDataset(np.zeros((k, *shape), np.float32), np.zeros(k, np.int64)) for k in sizes)
+    clients = tuple(fl_core.ArrayDataset(np.zeros((k, *shape), np.float32), np.zeros(k, np.int64))
+                    for k in sizes)
     test = fl_core.ArrayDataset(np.zeros((sum(tests), *shape), np.float32), np.zeros(sum(tests), np.int64))
     return fl_core.FederatedDataset(name="csv", clients=clients, test=test, n_classes=first.n_classes,
                                     input_shape=shape, standardize=False,
@@ -161,7 +163,8 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
     hub.audit.event("roster", details={"joined": sorted(sites), "refused": dict(hub.refused)})
     if len(sites) < f.min_sites:
         raise RuntimeError(f"{len(sites)} of {len(hub.names)} sites accepted the plan within "
-                           f"federation.join_timeout = {f.join_timeout:g} s; federation.min_sites is {f.min_sites}")
+                           f"federation.join_timeout = {f.join_timeout:g} s; federation.min_sites is "
+                           f"{f.min_sites}")
     say(f"{len(sites)} of {len(hub.names)} sites joined: {', '.join(sorted(sites))}")
     observers: list[RoundObserver] = []
     experiment, remote = build_coordinator(config, hub, sites, observers)
@@ -171,11 +174,22 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
     if config.data.standardize:
         hub.round = 0
         _, _, upload = remote_moments(hub, server.protocol, features=int(np.prod(server.data.input_shape)),
-                                      deadline=f.stage_timeout, sizes={n: s.n_train for n, s in sites.items()})
+                                      deadline=f.stage_timeout,
+                                      sizes={n: s.n_train for n, s in sites.items()})
         server.setup_upload_bytes += upload
-    experiment.extras.append(lambda result, out: {"deployment": {
-        "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
-        "audit": "audit.db"}})
+    layer = remote.layer
+
+    def deployment(result: TrainingResult, out: Path | None) -> dict[str, Any]:
+        protocol = getattr(layer, "protocol_bytes", {})
+        return {"deployment": {
+            "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
+            "audit": "audit.db",
+            "wire_bytes": {n: {"from_site": up, "to_site": down}
+                           for n, (up, down) in sorted(hub.wire.items())},
+            "protocol_bytes": {hub.names[c]: {"from_site": up, "to_site": down}
+                               for c, (up, down) in sorted(protocol.items())}}}
+
+    experiment.extras.append(deployment)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)

@@ -223,8 +223,8 @@ class Site:
         if self.name not in config.federation.sites:
             raise PolicyRefused("federation.sites", f"the plan's roster does not list {self.name}")
         if config.federation.server != self.server_name:
-            raise PolicyRefused("federation.server", f"the plan names {config.federation.server!r} as "
-                                                     f"its coordinator, this site dialled {self.server_name!r}")
+            raise PolicyRefused("federation.server", f"the plan names {config.federation.server!r} as its "
+                                                     f"coordinator, this site dialled {self.server_name!r}")
         admit_plan(self.policy, config, ledger=ledger, run_id=sha, min_sites=config.federation.min_sites,
                    dry_run=True)
         return config
@@ -232,7 +232,7 @@ class Site:
     def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:
         context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
                               names=tuple(config.federation.sites), identity=self.identity, trust=self.trust,
-                              state=self.paths.state)
+                              sessions=state, state=self.paths.state)
         layer: SiteLayer | None = None
         site_layer = LAYERS[config.secure.aggregation][1]
         while True:
@@ -242,7 +242,8 @@ class Site:
             if kind == "wait":
                 continue
             job, round_index = envelope.field(header, "job", int), header.get("round")
-            round_index = round_index if isinstance(round_index, int) and not isinstance(round_index, bool) else None
+            if isinstance(round_index, bool) or not isinstance(round_index, int):
+                round_index = None
             assert self.audit is not None
             self.audit.sent_then_received(self.server_name, "poll", b"", reply, round=round_index)
             if kind == "done":
@@ -271,7 +272,8 @@ class Site:
                             return EXIT_REFUSED
                     if isinstance(header.get("head"), dict):
                         self.audit.ack(header["head"], round=round_index)
-                    count = state.contribute(sha, envelope.field(header, "round", int), max_rounds=config.rounds)
+                    count = state.contribute(sha, envelope.field(header, "round", int),
+                                             max_rounds=config.rounds)
                     answer.update(self.work.train(header, body))
                     self._event("contribution", {"count": count}, round_index)
                     if self.work.epsilon is not None:

@@ -1,6 +1,9 @@
 """What a site keeps across restarts besides its epsilon ledger: the plans it accepted and the
 rounds it contributed to (``STATE_DIR/site.db``, SQLite WAL, synchronous FULL).
 
+It is also the masked protocol's durable session record: one (session, round) per identity, so a
+restarted site never takes part twice in one masked round.
+
 A contribution is recorded *before* the site trains for the round (charge before release), in one
 transaction that refuses a round of a run it already contributed to (a replayed or restarted round)
 and a contribution beyond the plan's number of rounds. So a coordinator that restarts, replays
@@ -20,6 +23,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (run_id TEXT PRIMARY KEY, plan TEXT NOT NULL, accepted_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS contributions (run_id TEXT NOT NULL, round INTEGER NOT NULL,
     at TEXT NOT NULL, PRIMARY KEY (run_id, round));
+CREATE TABLE IF NOT EXISTS sessions (identity BLOB NOT NULL, session BLOB NOT NULL, round INTEGER NOT NULL,
+    PRIMARY KEY (identity, session, round));
 """
 
 
@@ -56,18 +61,31 @@ class SiteState:
                 ``rounds.plan`` (the plan's ``max_rounds`` contributions are done), or
                 ``rounds.invalid`` (a round outside [1, max_rounds]).
         """
-        if isinstance(round_index, bool) or not isinstance(round_index, int) or not 1 <= round_index <= max_rounds:
-            raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's 1..{max_rounds}")
+        if isinstance(round_index, bool) or not isinstance(round_index, int) \
+                or not 1 <= round_index <= max_rounds:
+            raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's "
+                                                  f"1..{max_rounds}")
         with transaction(self._db):
             if self._db.execute("SELECT 1 FROM contributions WHERE run_id = ? AND round = ?",
                                 (run_id, round_index)).fetchone():
-                raise PolicyRefused("rounds.replayed", f"this site already contributed to round {round_index}")
+                raise PolicyRefused("rounds.replayed",
+                                    f"this site already contributed to round {round_index}")
             done = self._db.execute("SELECT COUNT(*) FROM contributions WHERE run_id = ?",
                                     (run_id,)).fetchone()[0]
             if done >= max_rounds:
-                raise PolicyRefused("rounds.plan", f"this site has contributed the plan's {max_rounds} rounds")
+                raise PolicyRefused("rounds.plan",
+                                    f"this site has contributed the plan's {max_rounds} rounds")
             self._db.execute("INSERT INTO contributions VALUES (?, ?, ?)", (run_id, round_index, _now()))
         return done + 1
+
+    def claim(self, identity: bytes, session: bytes, round_index: int) -> bool:
+        """The masked protocol's session record (:mod:`fedsec.protocols.masked.sessions`), on
+        disk: False when this identity already took part in (session, round), also before a
+        restart."""
+        with transaction(self._db):
+            cursor = self._db.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?, ?)",
+                                      (bytes(identity), bytes(session), int(round_index)))
+        return cursor.rowcount == 1
 
     def close(self) -> None:
         self._db.close()

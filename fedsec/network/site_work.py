@@ -68,8 +68,8 @@ class SiteWork:
         from fedsec.site_data import schema
 
         index = config.federation.sites.index(name)
-        data = load_client_csv(path, schema(config), test_fraction=config.data.test_fraction, seed=config.seed,
-                               index=index)
+        data = load_client_csv(path, schema(config), test_fraction=config.data.test_fraction,
+                               seed=config.seed, index=index)
         return cls(config, client_id=index, data=data)
 
     def report(self) -> dict[str, Any]:

@@ -86,6 +86,8 @@ class SiteContext:
         names: the roster.
         identity: this site's Ed25519 identity key (its certificate binds the public half).
         trust: the federation's root and revocation list (to verify relayed certificates).
+        sessions: where the site records the protocol sessions it took part in (durable in a
+            deployment; None: the layer's process-wide default).
         state: the site's state directory (a layer's durable records, e.g. the Paillier key
             share and endorsements), or None.
     """
@@ -96,6 +98,7 @@ class SiteContext:
     names: tuple[str, ...]
     identity: SigningKey
     trust: Trust
+    sessions: Any = None
     state: Path | None = None
 
 

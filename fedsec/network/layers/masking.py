@@ -71,6 +71,9 @@ class MaskingCoordinator(CoordinatorLayer):
                                        reproducible=self.reproducible, tolerated_corrupt=s.corrupt,
                                        population=len(context.names))
         self.last_misbehaved: dict[int, str] = {}
+        self.protocol_bytes: dict[int, list[int]] = {}
+        """``client -> [bytes it sent, bytes it was sent]``: the protocol's own messages (what the
+        simulation's in-memory transport counts), without the framework's setup and envelopes."""
 
     def min_contributions(self, n: int) -> int:
         return self.rules.min_contributions(n)
@@ -79,6 +82,8 @@ class MaskingCoordinator(CoordinatorLayer):
                   purpose: Purpose = "update") -> AggregateResult:
         ctx, s = self.context, self.context.config.secure
         ids = [int(u.client_id) for u in updates]
+        self.last_dropped = {c: "the aggregation aborted" for c in ids}
+        self.last_misbehaved = {}
         n = len(ids)
         degree, threshold = self.rules.parameters(n)
         length = int(updates[0].vector.size)
@@ -100,6 +105,8 @@ class MaskingCoordinator(CoordinatorLayer):
             while not server.done:
                 stage = server.stage
                 outgoing = server.outgoing()
+                for c, m in outgoing.items():
+                    self.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
                 if first:
                     setup = {"layer": self.name, "purpose": purpose, "round": round_index,
                              "session": session.hex(), "certificates": certificates}
@@ -110,16 +117,13 @@ class MaskingCoordinator(CoordinatorLayer):
                 replies = ctx.exchange(stage, outgoing)
                 for c in sorted(replies):
                     upload += len(replies[c])
+                    self.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
                     answered.add(c)
                     server.receive(c, replies[c])
                 server.close()
             total, survivors = server.result()
         except (SecAggError, MalformedMessage) as error:
-            self.last_dropped = {c: "aborted" for c in ids}
             raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
-        except ProtocolAbort:
-            self.last_dropped = {c: "aborted" for c in ids}
-            raise
         finally:
             self.last_misbehaved = server.misbehaved
         self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
@@ -174,7 +178,7 @@ class MaskingSite(SiteLayer):
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
                                    update=vector, weight=weight, rng=rng,
                                    signing_key=context.identity if s.active else None, directory=directory,
-                                   policy=policy)
+                                   policy=policy, sessions=context.sessions)
 
     def _directory(self, certificates: dict[str, Any]) -> dict[int, bytes]:
         ctx, directory = self.context, {}
