@@ -135,12 +135,12 @@ class KeyHolderState:
     def __init__(self, directory: str | Path, *, threshold: int | None = None, key_bits: int = 2048,
                  allow_insecure: bool = False) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         key_path = self.directory / KEY_FILE
         self.created = not key_path.exists()
+        if self.created and (threshold is None or threshold < 2):
+            raise ValueError("threshold: a new key holder needs --threshold T (>= 2)")
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.created:
-            if threshold is None:
-                raise ValueError("threshold: a new key holder needs --threshold T (>= 2)")
             self.key, record = create_key(threshold=threshold, key_bits=key_bits,
                                           allow_insecure=allow_insecure)
             _write_secret(key_path, json.dumps(record, sort_keys=True) + "\n")

@@ -207,6 +207,7 @@ def test_a_changed_threshold_or_an_open_key_file_is_refused(study, key_state, tm
         KeyHolderState(directory, threshold=3)
     with pytest.raises(ValueError, match="^threshold: a new key holder needs"):
         KeyHolderState(tmp_path / "new")
+    assert not (tmp_path / "new").exists()  # refused before anything is written
 
 
 def test_the_command_refuses_a_certificate_or_identity_that_is_not_the_key_holders(study, tmp_path, capsys):
