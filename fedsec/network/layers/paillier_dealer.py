@@ -20,8 +20,9 @@ Outputs (``--out DIR``, never overwritten):
 * ``dealing.json`` (public): the key id, t, N, the roster and the announcement.
 
 A dealing belongs to one roster and one threshold; a new plan with another roster or t needs a new
-dealing. Sequence numbers of one dealing are never reused by the sites (their endorsement record
-is durable), so each run of a study takes a new dealing.
+dealing. Runs of one roster may share a dealing: the sites never endorse two lists of one sequence
+number (their record is durable) and report the last number they endorsed, from which a
+coordinator numbers on.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ the dealer's certificate against the root (role ``keyholder``, name
 ``federation.keyholder_name``), the signatures, the threshold and the roster; of the dealings
 that verify it takes the one most sites hold (a site replaying an older dealing of the same
 auditor cannot swap the key for the others: its own submissions then fail and it drops out).
+The sites also report the last sequence number they endorsed under the dealing (their durable
+record); the coordinator numbers on from the t-th highest report, so a new run, or a restarted
+coordinator, on the same dealing does not reuse a number (a site that lies about it can only get
+rounds refused, never a second list endorsed).
 
 Stages per aggregation: ``paillier/submit`` (spec -> signed submission with its proof of
 plaintext knowledge), ``paillier/endorse`` (the contributor list -> the party's signature, at most
@@ -25,6 +29,7 @@ site re-enrolled with a new certificate needs a new dealing.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,16 @@ class PerCallEndorsements:
         self.path = path
         SqliteEndorsementStore(path).close()
 
+    def last_sequence(self, key_id: bytes) -> int:
+        """The highest sequence number endorsed under ``key_id`` (0 if none)."""
+        db = sqlite3.connect(self.path)
+        try:
+            row = db.execute("SELECT MAX(sequence) FROM endorsed WHERE key_id = ?",
+                             (bytes(key_id),)).fetchone()
+        finally:
+            db.close()
+        return 0 if row is None or row[0] is None else int.from_bytes(row[0], "big")
+
     def endorsed(self, key_id: bytes, sequence: int) -> bytes | None:
         store = SqliteEndorsementStore(self.path)
         try:
@@ -90,10 +105,14 @@ class ThresholdCustody(_Custody):
         self.directory: PartyDirectory | None = None
         self._sequence = 0
 
-    def _dealing(self, data: bytes) -> tuple[PaillierPublicKey, PartyDirectory]:
-        """A site's dealing, checked: dealer certificate, signatures, threshold, roster."""
+    def _dealing(self, data: bytes) -> tuple[PaillierPublicKey, PartyDirectory, int]:
+        """A site's dealing, checked (dealer certificate, signatures, threshold, roster), and the
+        last sequence number the site endorsed under it."""
         ctx = self.context
         header, _ = envelope.decode(data)
+        last = envelope.field(header, "last_sequence", int)
+        if not 0 <= last < 1 << 62:
+            raise MalformedMessage("last_sequence out of range")
         announcement = bytes.fromhex(envelope.field(header, "announcement", str))
         keys = bytes.fromhex(envelope.field(header, "keys", str))
         dealer = dealer_identity(envelope.field(header, "dealer", str).encode(), trust=ctx.trust,
@@ -110,7 +129,7 @@ class ThresholdCustody(_Custody):
                                            threshold=self.threshold)
         if directory.parties != tuple(range(len(ctx.names))):
             raise MalformedMessage("a dealing for another roster")
-        return public_key, directory
+        return public_key, directory, last
 
     def run(self, *, ids: list[int], length: int, word_bound: int, setup: dict[str, Any],
             seeds: dict[int, int]) -> tuple[np.ndarray, list[int], int, int, int]:
@@ -121,10 +140,10 @@ class ThresholdCustody(_Custody):
             hello = ctx.exchange(HELLO, {c: first_message(firsts[c], b"") for c in ids})
             firsts = {}
             held: dict[bytes, list[int]] = {}
-            dealings = {}
+            dealings, lasts = {}, {}
             for c in sorted(hello):
                 try:
-                    public_key, directory = self._dealing(hello[c])
+                    public_key, directory, lasts[c] = self._dealing(hello[c])
                 except (MalformedMessage, PeerRejected, ValueError):
                     self.why[c] = "its dealing does not verify"
                     continue
@@ -134,6 +153,8 @@ class ThresholdCustody(_Custody):
                 raise ProtocolAbort("no site holds a dealing that verifies for this plan")
             key_id = max(held, key=lambda k: (len(held[k]), -held[k][0]))
             self.public_key, self.directory = dealings[key_id]
+            reported = sorted((lasts[c] for c in held[key_id]), reverse=True)
+            self._sequence = reported[min(self.threshold, len(reported)) - 1]
             for other, holders in held.items():
                 for c in holders if other != key_id else ():
                     self.why[c] = "it holds another dealing"
@@ -191,11 +212,12 @@ class ThresholdSite:
             raise ClientAbort(NO_SHARE)
         self.dealt, self.encoding = dealt, encoding
         key = (context.name, dealer + dealt.share.public_key.key_id)
+        self.endorsements = PerCallEndorsements(Path(context.state) / "endorsements.db")
         held = SITE_CLIENTS.get(key)
         if held is None:
             client = PaillierClient(context.client_id, identity=context.identity, announcer_identity=dealer,
                                     share=dealt.share, roster={c: k for c, _, k in dealt.roster},
-                                    endorsements=PerCallEndorsements(Path(context.state) / "endorsements.db"))
+                                    endorsements=self.endorsements)
             client.receive_announcement(dealt.announcement)
             client.receive_verification_keys(dealt.verification_keys)
             held = SITE_CLIENTS[key] = SiteClient(client, welcomed=True)
@@ -203,9 +225,10 @@ class ThresholdSite:
 
     def handle(self, stage: str, message: bytes) -> bytes | None:
         if stage == HELLO:
+            last = self.endorsements.last_sequence(self.dealt.share.public_key.key_id)
             return envelope.encode({"announcement": self.dealt.announcement.hex(),
                                     "keys": self.dealt.verification_keys.hex(),
-                                    "dealer": self.dealt.dealer_certificate.decode()})
+                                    "dealer": self.dealt.dealer_certificate.decode(), "last_sequence": last})
         if stage == SUBMIT:
             try:
                 spec = RoundSpec.from_bytes(message)

@@ -236,6 +236,13 @@ def test_threshold_custody_deployed_equals_the_simulation(study, sites, tmp_path
     run_both(study, config, "threshold", tmp_path, [(1, [0, 1, 2, 3], "update"),
                                                     (2, [0, 1, 2, 3], "statistics")])
     assert (tmp_path / "sites" / "hosp-a" / "endorsements.db").exists()
+    # A second run on the same dealing (new site processes, a new coordinator) numbers on from the
+    # sites' durable record: sequence 3, not a refused reuse of 1.
+    layer.SITE_CLIENTS.clear()
+    side = Sites(study, config, NAMES, *inputs(7), tmp_path / "sites")
+    coordinator = LAYERS["paillier"][0](coordinator_context(study, config, side, 9))
+    result = coordinator.aggregate(1, [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1) for c in range(4)])
+    assert result.participants == (0, 1, 2, 3) and coordinator.custody._sequence == 3
 
 
 @pytest.mark.slow
