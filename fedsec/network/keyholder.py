@@ -24,15 +24,18 @@ Topics (each one call, answered by one reply):
   ``REFUSAL`` bytes. The request's signature is checked against the identity key in the
   certificate of the coordinator on this very TLS connection, never a key sent in a message.
 * ``paillier/status`` (empty) -> JSON ``{"key_id", "epoch", "threshold", "last_sequence",
-  "certificate"}`` (public facts; a restarted coordinator learns the next sequence number from it,
-  and relays the key holder's certificate, PEM, to the sites with its announcement).
+  "certificate", "head"}`` (public facts; a restarted coordinator learns the next sequence number
+  from it, and relays the key holder's certificate, PEM, to the sites with its announcement).
 
-Every call is written to the key holder's signed ``audit.db`` (who, topic, sizes and SHA-256 of
-request and reply; a decryption as ``decrypt.served`` with the sequence and contributors, or
-``decrypt.refused`` with the sequence and the **reason**, which only this log ever holds: the
-peer gets one opaque refusal). Calls are served one at a time, on one thread
-(:class:`OneThread`): the protocol object is not thread-safe, SQLite connections belong to the
-thread that opened them, and decryptions are CPU-bound anyway.
+Every call is written to the key holder's signed ``audit.db`` as the coordinator's own log
+writes it (:mod:`fedsec.network.party_audit`: ``receive`` of the request and ``send`` of the reply,
+topic, size and SHA-256, never contents; so ``fedsec audit reconcile`` pairs the two logs), with
+the decision: ``enrol`` / ``enrol.refused`` (reason), ``register``, ``decrypt.served`` (sequence,
+contributors) or ``decrypt.refused`` (sequence and the **reason**, which only this log ever holds:
+the peer gets one opaque refusal). ``paillier/status`` carries the log's head, which the
+coordinator acknowledges in its own log (tail truncation becomes detectable). Calls are served
+one at a time, on one thread (:class:`OneThread`): the protocol object is not thread-safe,
+SQLite connections belong to the thread that opened them, and decryptions are CPU-bound anyway.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from fedsec.audit.log import AuditLog
 from fedsec.network.errors import PeerRejected
 from fedsec.network.keyholder_state import EnrolmentConflict, KeyHolderState
+from fedsec.network.party_audit import message
 from fedsec.network.pki import Peer, Trust, verify_peer
 from fedsec.protocols.errors import MalformedMessage
 from fedsec.protocols.paillier.keyholder import PaillierKeyHolder
-from fedsec.protocols.paillier.messages import DecryptionRequest, decode
+from fedsec.protocols.paillier.messages import DecryptionRequest, Registration, decode
 from fedsec.protocols.paillier.spec import RoundSpec
 from fedsec.protocols.wire import open_envelope, start_envelope
 from fedsec.secagg.keys import SigningKey
@@ -129,8 +133,8 @@ class KeyHolderService:
         for client_id, _, public in state.enrolled():
             self.holder.enroll(client_id, public)
         replayed = state.registrations(self.key_id, key.epoch)
-        for message in replayed:
-            self.holder.register(message)
+        for registration in replayed:
+            self.holder.register(registration)
         facts = {k: v for k, v in self.status().items() if k != "certificate"}
         self.started = {**facts, "key_bits": key.public_key.key_bits, "new_key": state.created}
         """The facts at start (status, key size, whether the key is new): safe to read from any thread."""
@@ -148,32 +152,42 @@ class KeyHolderService:
                 "last_sequence": self.holder.last_sequence, "certificate": self.certificate}
 
     def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
-        """One admitted call (the transport admitted only the coordinator)."""
+        """One admitted call (the transport admitted only the coordinator).
+
+        The request is logged (``receive``: topic, size, SHA-256) before anything is done, the reply
+        (``send``) with the decision in one transaction after; a refused call logs its reason and
+        raises ``MalformedMessage`` (the peer gets ``INVALID_ARGUMENT``, or for a decryption the
+        fixed refusal bytes)."""
         with self._lock:
+            self.audit.append("receive", details=message("from", peer.name, topic[:64], payload))
             if topic == ANNOUNCE:
-                reply = self.holder.announcement()
-                self._record("announce", peer, payload, reply)
+                reply, decision = self.holder.announcement(), None
             elif topic == STATUS:
-                reply = json.dumps(self.status(), sort_keys=True).encode()
-                self._record("status", peer, payload, reply)
+                head = self.audit.head()
+                ours = {"actor": head.actor, "fingerprint": head.fingerprint, "seq": head.seq,
+                        "hash": head.hash}
+                reply, decision = json.dumps({**self.status(), "head": ours}, sort_keys=True).encode(), None
             elif topic == ENROL:
-                reply = self._enrol(peer, payload)
+                reply, decision = self._enrol(payload)
             elif topic == REGISTER:
-                reply = self._register(peer, payload)
+                reply, decision = self._register(payload)
             elif topic == DECRYPT:
-                reply = self._decrypt(peer, payload)
+                reply, decision = self._decrypt(peer, payload)
             else:
-                self._record("refused", peer, payload, b"", extra={"topic": topic[:64]})
+                self._decide(("refused", None, {"reason": "unknown topic"}))
                 raise MalformedMessage("unknown topic")
+            items = [("send", None, None, message("to", peer.name, topic + ".reply", reply), None)]
+            if decision is not None:
+                action, sequence, details = decision
+                items.append((action, sequence, "keyholder", details, None))
+            self.audit.append_many(items)
             return reply
 
-    def _record(self, action: str, peer: Peer, request: bytes, reply: bytes, *, extra: dict | None = None,
-                sequence: int | None = None) -> None:
-        details = {"peer": peer.name, "request_bytes": len(request), "request_sha256": _digest(request),
-                   "reply_bytes": len(reply), "reply_sha256": _digest(reply), **(extra or {})}
+    def _decide(self, decision: tuple[str, int | None, dict]) -> None:
+        action, sequence, details = decision
         self.audit.append(action, round=sequence, stage="keyholder", details=details)
 
-    def _enrol(self, peer: Peer, payload: bytes) -> bytes:
+    def _enrol(self, payload: bytes) -> tuple[bytes, tuple[str, int | None, dict]]:
         try:
             client_id, cert_pem = decode_enrolment(payload)
             site = verify_peer(x509.load_pem_x509_certificate(cert_pem), trust=self.trust, roles=("site",),
@@ -183,37 +197,31 @@ class KeyHolderService:
             self.holder.enroll(client_id, public)
         except (MalformedMessage, PeerRejected, EnrolmentConflict, ValueError) as error:
             reason = error.reason if isinstance(error, PeerRejected) else str(error)
-            self._record("enrol.refused", peer, payload, b"", extra={"reason": reason[:200]})
+            self._decide(("enrol.refused", None, {"reason": reason[:200]}))
             raise MalformedMessage("enrolment refused") from None
-        self._record("enrol", peer, payload, b"", extra={"client_id": client_id, "site": site.name,
-                                                         "new": new, "identity_sha256": _digest(public)})
-        return b""
+        return b"", ("enrol", None, {"client_id": client_id, "site": site.name, "new": new,
+                                     "identity_sha256": _digest(public)})
 
-    def _register(self, peer: Peer, payload: bytes) -> bytes:
+    def _register(self, payload: bytes) -> tuple[bytes, tuple[str, int | None, dict]]:
         try:
             welcome = self.holder.register(payload)
         except MalformedMessage as error:
-            self._record("register.refused", peer, payload, b"", extra={"reason": str(error)[:200]})
+            self._decide(("register.refused", None, {"reason": str(error)[:200]}))
             raise MalformedMessage("registration refused") from None
         self.state.record_registration(self.key_id, self.state.key.epoch, payload)
-        self._record("register", peer, payload, welcome)
-        return welcome
+        client_id = decode(payload, Registration).client_id
+        return welcome, ("register", None, {"client_id": client_id})
 
-    def _decrypt(self, peer: Peer, payload: bytes) -> bytes:
+    def _decrypt(self, peer: Peer, payload: bytes) -> tuple[bytes, tuple[str, int | None, dict]]:
         sequence = _claimed_sequence(payload)
-        self._record("decrypt.received", peer, payload, b"", sequence=sequence)
         self.holder.server_identity = raw_identity(peer.identity_key)
         served = self.holder.decryptions
         reply = self.holder.respond(payload)
         if self.holder.decryptions > served:
             request = decode(payload, DecryptionRequest)
-            self._record("decrypt.served", peer, payload, reply, sequence=sequence,
-                         extra={"contributors": list(request.participants)})
-        else:
-            refused_at, reason = self.holder.refusals[-1]
-            self._record("decrypt.refused", peer, payload, reply, sequence=sequence,
-                         extra={"reason": reason, "refused_sequence": refused_at})
-        return reply
+            return reply, ("decrypt.served", sequence, {"contributors": list(request.participants)})
+        refused_at, reason = self.holder.refusals[-1]
+        return reply, ("decrypt.refused", sequence, {"reason": reason, "refused_sequence": refused_at})
 
     def close(self) -> None:
         with self._lock:

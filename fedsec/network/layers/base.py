@@ -47,6 +47,8 @@ class CoordinatorContext:
             the Paillier layer signs its key-holder requests with it).
         trust, cert_path, key_path: the study's root and the coordinator's certificate and TLS
             key files (a layer that dials another party, e.g. the Paillier key holder).
+        audit: the coordinator's :class:`~fedsec.network.party_audit.PartyAudit` (such a layer
+            records its own calls there), or None.
     """
 
     config: ExperimentConfig
@@ -60,6 +62,7 @@ class CoordinatorContext:
     trust: Trust | None = None
     cert_path: Path | None = None
     key_path: Path | None = None
+    audit: Any = None
 
 
 class CoordinatorLayer(AggregationProtocol, ABC):

@@ -50,6 +50,7 @@ from fedsec.network.layers.base import (
     SiteLayer,
     first_message,
 )
+from fedsec.network.party_audit import message
 from fedsec.network.pki import verify_peer
 from fedsec.network.transport import TransportError
 from fedsec.protocols.encoding import encoder_for
@@ -246,7 +247,7 @@ class KeyHolderCustody(_Custody):
         ctx, f = self.context, self.context.config.federation
         client = KeyHolderClient(address=f.keyholder, trust=ctx.trust, cert_path=ctx.cert_path,
                                  key_path=ctx.key_path, name=f.keyholder_name,
-                                 deadline=max(60.0, 4 * f.stage_timeout))
+                                 deadline=max(60.0, 4 * f.stage_timeout), record=self._record)
         try:
             status = client.status()
             announcement = client.announcement()
@@ -264,6 +265,16 @@ class KeyHolderCustody(_Custody):
         self._sequence = int(status["last_sequence"])
         self._client = client
         return client
+
+    def _record(self, topic: str, request: bytes, reply: bytes | None) -> None:
+        """The coordinator's audit of a key-holder call (the key holder logs the same pair)."""
+        audit, name = self.context.audit, self.context.config.federation.keyholder_name
+        if audit is None:
+            return
+        if reply is None:
+            audit.event("send", details=message("to", name, topic, request))
+        else:
+            audit.sent_then_received(name, topic, request, reply)
 
     def _enrol(self, ids: list[int]) -> list[int]:
         """Enrol the sites not yet enrolled; returns the ids enrolled now or before."""
@@ -322,8 +333,22 @@ class KeyHolderCustody(_Custody):
         except ProtocolAbort:
             self._decrypt(server.void_request())  # burn the number: the next aggregation's is next
             raise
-        words = server.finish(self._decrypt(request))
+        answer = self._decrypt(request)
+        self._acknowledge(setup.get("round"))
+        words = server.finish(answer)
         return words, list(server.participants), upload, aborts, len(server.rejected)
+
+    def _acknowledge(self, round_index: int | None) -> None:
+        """Record the key holder's log head in the coordinator's log (its tail cannot be dropped
+        unnoticed); a failed status call only skips it."""
+        if self.context.audit is None:
+            return
+        try:
+            head = self._client.status().get("head")
+        except (TransportError, MalformedFrame, ValueError):
+            return
+        if isinstance(head, dict):
+            self.context.audit.ack(head, round=round_index)
 
     def _decrypt(self, request: bytes) -> bytes:
         try:

@@ -139,6 +139,12 @@ def test_key_holder_custody_deployed_run_equals_the_simulation(study, deployment
     served = [e for e in read_events(tmp_path / "kh" / "audit.db") if e.action == "decrypt.served"]
     assert len(served) >= 2 and all(e.payload()["contributors"] == [0, 1, 2, 3] for e in served)
     assert [e.round for e in served] == list(range(1, len(served) + 1))
+    logs = [str(tmp_path / "run" / "audit.db"), str(tmp_path / "kh" / "audit.db"),
+            *(str(states[n] / "audit.db") for n in SITES)]
+    assert fedsec_main(["audit", "reconcile", *logs, "--coordinator", "coordinator"]) == 0
+    acks = [e for e in read_events(tmp_path / "run" / "audit.db") if e.action == "ack"
+            and e.payload()["actor"] == "auditor"]
+    assert len(acks) == len(served)  # the coordinator acknowledged the key holder's head each time
 
 
 def test_threshold_custody_deployed_run_equals_the_simulation(study, deployment, tmp_path):

@@ -86,4 +86,4 @@ def test_only_the_named_coordinator_is_admitted(study, tmp_path):
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 130
     actions = [e.action for e in read_events(tmp_path / "kh" / "audit.db")]
-    assert actions == ["start", "status", "stop"]  # refused peers reached no handler
+    assert actions == ["start", "receive", "send", "stop"]  # refused peers reached no handler
