@@ -11,7 +11,7 @@ topic       request                                    reply
             n_classes}``
 ``poll``    nothing                                    the site's next job, or ``wait`` after
                                                        ``poll_wait`` seconds with none
-``answer``  ``{job, ok, ...}`` + body                  ``{accepted}``
+``answer``  ``{job, ok, ...}`` + body                  the next job, as ``poll`` (one call per stage)
 ==========  =========================================  ===========================================
 
 The peer's name is the one in its verified certificate (never a field it sends); its client id
@@ -198,8 +198,10 @@ class Hub:
             header, _ = envelope.decode(payload)
             job = envelope.field(header, "job", int)
             round_index = self.job_rounds.get(job)
-            accepted = self.mailboxes.answer(peer.name, job, payload)
-            reply = envelope.encode({"accepted": accepted})
+            self.mailboxes.answer(peer.name, job, payload)
+            self.absent.discard(peer.name)
+            following = self.mailboxes.poll(peer.name, self.poll_wait)
+            reply = following[1] if following is not None else envelope.encode({"kind": "wait"})
         else:
             raise ValueError(f"unknown topic {topic!r}")
         self.audit.received_then_sent(peer.name, topic, payload, reply, round=round_index)

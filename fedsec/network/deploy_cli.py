@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import signal
 import sys
 from pathlib import Path
 
@@ -108,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
               key_pem=key.read_bytes(), audit=audit, listen=args.listen)
     hub.identity, hub.cert_path, hub.key_path = identity, cert, key
     code = 0
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C
     try:
         port = hub.start()
         print(f"listening {port}", flush=True)
@@ -124,10 +126,15 @@ def _serve(args: argparse.Namespace) -> int:
         audit.event("interrupted")
         code = 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         hub.stop()
         audit.close()
         staging.publish()
     return code
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt()
 
 
 def _join(args: argparse.Namespace) -> int:

@@ -4,19 +4,23 @@ acknowledges (:class:`fedsec.audit.log.AuditLog` underneath; thread-safe).
 
 A call from a site to the coordinator is two messages: the request (``kind`` = the call's topic)
 and the reply (``kind`` = topic + ``.reply``). The site records ``send`` of the request and
-``receive`` of the reply; the coordinator ``receive`` of the request and ``send`` of the reply,
-each pair in one transaction (one fsync). An empty long poll (nothing to do yet) is recorded by
-neither side. Both sides record the round the message belongs to, so ``fedsec audit reconcile``
-pairs them.
+``receive`` of the reply; the coordinator ``receive`` of the request and ``send`` of the reply.
+An empty long poll (nothing to do yet) is recorded by neither side. Both sides record the round
+the message belongs to, so ``fedsec audit reconcile`` pairs them.
 
 The coordinator serves calls on many threads; SQLite connections belong to one thread, so every
-write goes through one writer thread (each call waits for its write: on disk when it returns).
+write goes through one writer thread, which commits whatever is waiting in one transaction (group
+commit: one fsync for the events of many concurrent calls). Each call still waits until its events
+are on disk.
 """
 
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from fedsec.audit.log import AuditLog, Head
 from fedsec.secagg.keys import SigningKey
 
 LOG = "audit.db"
+Item = tuple[str, int | None, str | None, dict[str, Any] | None, str | None]
 
 
 def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, Any]:
@@ -37,33 +42,76 @@ class PartyAudit:
 
     def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str) -> None:
         self.actor = actor
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
-        self.log = self._run(AuditLog, Path(directory) / LOG, actor=actor, key=key, run_id=run_id)
+        self._queue: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._write, name="audit-writer", daemon=True)
+        self._thread.start()
+        self.log: AuditLog = self._call(lambda: AuditLog(Path(directory) / LOG, actor=actor, key=key,
+                                                         run_id=run_id))
 
-    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._writer.submit(fn, *args, **kwargs).result()
+    def _write(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            pending: list[tuple[list[Item], Future]] = []
+            for work, future in batch:
+                if isinstance(work, list):
+                    pending.append((work, future))
+                    continue
+                self._flush(pending)
+                pending = []
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(error)
+            self._flush(pending)
+
+    def _flush(self, pending: list[tuple[list[Item], Future]]) -> None:
+        if not pending:
+            return
+        try:
+            self.log.append_many([item for items, _ in pending for item in items])
+        except BaseException as error:  # noqa: BLE001 - every caller of the batch learns of it
+            for _, future in pending:
+                future.set_exception(error)
+            return
+        for _, future in pending:
+            future.set_result(None)
+
+    def _call(self, work: Callable[[], Any] | list[Item]) -> Any:
+        future: Future = Future()
+        self._queue.put((work, future))
+        return future.result()
 
     def event(self, action: str, *, round: int | None = None, stage: str | None = None,
               details: dict[str, Any] | None = None, peer_ref: str | None = None) -> None:
-        self._run(self.log.append, action, round=round, stage=stage, details=details, peer_ref=peer_ref)
+        self._call([(action, round, stage, details, peer_ref)])
 
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party made: its request to ``peer`` and the reply."""
-        self._run(self.log.append_many, [
-            ("send", round, None, message("to", peer, kind, request), None),
-            ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
+        self._call([("send", round, None, message("to", peer, kind, request), None),
+                    ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
 
     def received_then_sent(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party served: ``peer``'s request and this party's reply."""
-        self._run(self.log.append_many, [
-            ("receive", round, None, message("from", peer, kind, request), None),
-            ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
+        self._call([("receive", round, None, message("from", peer, kind, request), None),
+                    ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
 
     def head(self) -> dict[str, Any]:
         """This log's head, to hand to a peer (JSON)."""
-        h = self._run(self.log.head)
+        h = self._call(self.log.head)
         return {"actor": h.actor, "fingerprint": h.fingerprint, "seq": h.seq, "hash": h.hash}
 
     def ack(self, head: dict[str, Any], *, round: int | None = None) -> None:
@@ -72,8 +120,9 @@ class PartyAudit:
             peer = Head(str(head["actor"]), str(head["fingerprint"]), int(head["seq"]), str(head["hash"]))
         except (KeyError, TypeError, ValueError):
             return
-        self._run(self.log.ack, peer, round=round)
+        self._call(lambda: self.log.ack(peer, round=round))
 
     def close(self) -> None:
-        self._run(self.log.close)
-        self._writer.shutdown()
+        self._call(self.log.close)
+        self._queue.put(None)
+        self._thread.join()

@@ -10,7 +10,6 @@ audit log (``audit.db``, signed with the coordinator's identity key) is in the r
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,10 +26,6 @@ from fedsec.network.coordinator import Hub, SiteInfo
 from fedsec.network.layers import LAYERS, CoordinatorContext
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.remote import RemoteEvaluator, RemoteRound, RemoteStrategy, remote_moments
-
-
-class Terminated(Exception):
-    """SIGTERM: stop after the round in flight, like Ctrl-C."""
 
 
 class CoordinatorAudit(RoundObserver):
@@ -191,18 +186,10 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
                                for c, (up, down) in sorted(protocol.items())}}}
 
     experiment.extras.append(deployment)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)
     hub.finish(summary)
     _drain(hub, set(sites))
     return summary
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt()
 
 
 def _drain(hub: Hub, sites: set[str], timeout: float = 10.0) -> None:

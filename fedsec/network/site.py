@@ -235,8 +235,13 @@ class Site:
                               sessions=state, state=self.paths.state)
         layer: SiteLayer | None = None
         site_layer = LAYERS[config.secure.aggregation][1]
+        following: bytes | None = None
+        assert self.audit is not None
         while True:
-            reply = self.call("poll", b"", deadline=self.poll_wait + 30.0, record=False)
+            polled = following is None
+            reply = (self.call("poll", b"", deadline=self.poll_wait + 30.0, record=False) if following is None
+                     else following)
+            following = None
             header, body = envelope.decode(reply)
             kind = header.get("kind")
             if kind == "wait":
@@ -244,8 +249,8 @@ class Site:
             job, round_index = envelope.field(header, "job", int), header.get("round")
             if isinstance(round_index, bool) or not isinstance(round_index, int):
                 round_index = None
-            assert self.audit is not None
-            self.audit.sent_then_received(self.server_name, "poll", b"", reply, round=round_index)
+            if polled:
+                self.audit.sent_then_received(self.server_name, "poll", b"", reply, round=round_index)
             if kind == "done":
                 self.say(f"the run is over: {header.get('summary')}")
                 self._event("run_finished", {"summary": header.get("summary")})
@@ -293,7 +298,9 @@ class Site:
             except (ValueError, ArithmeticError) as error:
                 answer = {"job": job, "ok": False, "reason": type(error).__name__}
                 self._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
-            self.call("answer", envelope.encode(answer, out), round_index=round_index)
+            # the reply to an answer is the next job (or "wait"): one call per stage
+            following = self.call("answer", envelope.encode(answer, out), round_index=round_index,
+                                  deadline=self.poll_wait + 30.0)
 
 
 def _terminate(signum: int, frame: Any) -> None:

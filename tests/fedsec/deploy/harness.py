@@ -55,7 +55,7 @@ def federation(d: demo.Deployment):
                 p.wait()
 
 
-def wait_for_event(path: Path, action: str, round_index: int, timeout: float = TIMEOUT) -> None:
+def wait_for_event(path: Path, action: str, round_index: int | None, timeout: float = TIMEOUT) -> None:
     """Block until the audit log at ``path`` holds ``action`` for ``round_index``."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -45,17 +45,20 @@ def _garbage_site(d: demo.Deployment, port: int, stop: threading.Event, seen: li
         _, plan = envelope.decode(client.call("plan", b""))
         client.call("accept", envelope.encode({"sha256": hashlib.sha256(plan).hexdigest(), "n_train": 100,
                                                "n_test": 20, "input_shape": [30], "n_classes": 2}))
+        reply = None
         while not stop.is_set():
             try:
-                header, _ = envelope.decode(client.call("poll", b"", deadline=60.0))
+                header, _ = envelope.decode(reply or client.call("poll", b"", deadline=60.0))
+                reply = None
+                seen.append(str(header.get("kind")))
+                if header["kind"] == "done":
+                    return
+                if header["kind"] != "wait":
+                    garbage = envelope.encode({"job": header["job"], "ok": True, "noise": 0},
+                                              os.urandom(1 + len(seen) % 300))
+                    reply = client.call("answer", garbage, deadline=60.0)
             except TransportError:
                 return
-            seen.append(str(header.get("kind")))
-            if header["kind"] == "done":
-                return
-            if header["kind"] != "wait":
-                client.call("answer", envelope.encode({"job": header["job"], "ok": True, "noise": 0},
-                                                      os.urandom(1 + len(seen) % 300)))
 
 
 def _site(d: demo.Deployment, k: int, port: int, *, data, policy: SitePolicy, out) -> Site:
@@ -148,3 +151,19 @@ def test_a_spent_lifetime_cap_refuses_the_next_plan_across_restarts(chaos, tmp_p
     ledger = json.dumps([e.payload() for e in read_events(d.state(0) / "audit.db")
                          if e.action == "plan_refused"])
     assert ledger.count("dp.max_epsilon_lifetime") == 2
+
+
+def test_sigterm_stops_a_site_with_0_and_the_coordinator_with_130_state_flushed(tmp_path):
+    d = demo.prepare(tmp_path / "d", 3, rounds=2)
+    with federation(d) as running:
+        site = running.join(0)
+        wait_for_event(d.state(0) / "audit.db", "plan_accepted", None)
+        site.send_signal(signal.SIGTERM)
+        assert site.wait(timeout=60) == 0
+        running.coordinator.send_signal(signal.SIGTERM)
+        assert running.coordinator.wait(timeout=60) == 130
+    events = read_events(d.state(0) / "audit.db")
+    assert events[-1].action == "disconnect" and events[-1].payload() == {"reason": "SIGTERM"}
+    coordinator = read_events(d.run_dir / "audit.db")
+    assert [e.action for e in coordinator][-1] == "interrupted"
+    assert any(e.action == "site_joined" for e in coordinator)

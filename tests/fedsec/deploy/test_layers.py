@@ -68,8 +68,9 @@ def _run(study, config, vectors, weights, *, purpose="update", tamper=None):
 
     rng = np.random.default_rng(11)
     certificates = {s.name: s.cert.read_bytes() for s in sites}
-    layer = MaskingCoordinator(CoordinatorContext(config=config, rng=rng, names=names, certificates=certificates,
-                                                  peers=peers, max_weight=max(weights), exchange=exchange))
+    context = CoordinatorContext(config=config, rng=rng, names=names, certificates=certificates, peers=peers,
+                                 max_weight=max(weights), exchange=exchange)
+    layer = MaskingCoordinator(context)
     updates = [ClientUpdate(c, np.zeros_like(vectors[c]), 1.0) for c in range(N)]
     return layer.aggregate(1, updates, purpose=purpose), aborts
 
@@ -82,9 +83,9 @@ def test_the_deployed_layer_releases_the_simulations_sum(study):
     deployed, aborts = _run(study, config, vectors, weights)
     assert aborts == {}
     s = config.secure
-    simulated = MaskedAggregation(max_weight=max(weights), rng=np.random.default_rng(11), clip=s.clip, bits=s.bits,
-                                  reproducible=True, population=N).aggregate(
-        1, [ClientUpdate(c, vectors[c], float(weights[c])) for c in range(N)])
+    protocol = MaskedAggregation(max_weight=max(weights), rng=np.random.default_rng(11), clip=s.clip,
+                                 bits=s.bits, reproducible=True, population=N)
+    simulated = protocol.aggregate(1, [ClientUpdate(c, vectors[c], float(weights[c])) for c in range(N)])
     np.testing.assert_array_equal(deployed.weighted_sum, simulated.weighted_sum)
     assert deployed.total_weight == simulated.total_weight == sum(weights)
     assert deployed.participants == simulated.participants
@@ -123,7 +124,8 @@ def test_a_coordinator_relaying_other_certificates_gets_an_abort_or_the_true_key
 
 @settings(max_examples=40, deadline=None)
 @given(claims=st.lists(st.integers(-2, 8), max_size=25), restart=st.lists(st.booleans(), max_size=25))
-def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans(tmp_path_factory, claims, restart):
+def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans(tmp_path_factory, claims,
+                                                                                 restart):
     """Adversary: a coordinator that asks for any sequence of rounds, replays and restarts."""
     folder = tmp_path_factory.mktemp("state")
     rounds, accepted = 5, []
@@ -169,5 +171,6 @@ def test_a_site_refuses_a_noise_multiplier_below_the_plans_epsilon(tmp_path):
 def test_pem_roundtrip_of_the_identity_key(study):
     _, sites, _, _, peers = study
     key = load_identity(sites[0].identity)
-    raw = peers["site-0"].identity_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = peers["site-0"].identity_key.public_bytes(serialization.Encoding.Raw,
+                                                    serialization.PublicFormat.Raw)
     assert key.public == raw

@@ -116,7 +116,7 @@ def _events(path):
     return read_events(path)
 
 
-def test_reconcile_names_a_site_log_whose_tail_was_dropped_and_a_rewritten_epsilon(run, tmp_path):
+def test_reconcile_names_a_site_log_whose_tail_was_dropped(run, tmp_path):
     d = run[0]
     copies = []
     for k, path in enumerate(_logs(d)):
