@@ -256,6 +256,10 @@ class FederationConfig:
                                 lambda v: 0 < v <= 86400)
     join_timeout: float = _opt(600.0, "a number > 0 (seconds the coordinator waits for the "
                                       "roster to join before round 1)", lambda v: 0 < v <= 86400)
+    keyholder: str = _opt("", "HOST:PORT of the Paillier key holder (secure.custody = 'key_holder'), "
+                              "or empty", lambda v: v == "" or (":" in v and v.rpartition(":")[2].isdigit()))
+    keyholder_name: str = _opt("auditor", "the Paillier key holder's certificate name (under threshold "
+                                          "custody: the dealer's)", lambda v: bool(v))
 
 
 @dataclass(frozen=True)
@@ -564,6 +568,10 @@ def _check_federation(config: ExperimentConfig) -> None:
         raise ConfigError("federation.min_sites", f"must be <= the {len(f.sites)} sites of the roster")
     if config.secure.dropout:
         raise ConfigError("secure.dropout", "must be 0 in a deployment plan (real sites drop out)")
+    s = config.secure
+    if s.aggregation == "paillier" and s.custody == "key_holder" and not f.keyholder:
+        raise ConfigError("federation.keyholder", "a deployment with secure.custody = 'key_holder' names "
+                                                  "its key holder's HOST:PORT")
 
 
 def _check_algorithm(config: ExperimentConfig) -> None:

@@ -22,7 +22,7 @@ EXIT_FAILED = 1
 EXIT_BAD = 2
 EXIT_REFUSED = 3
 PASSPHRASE_ENV = "FEDSEC_CA_PASSPHRASE"
-COMMANDS = ("ca", "site", "serve", "join", "demo")
+COMMANDS = ("ca", "site", "serve", "join", "demo", "keyholder", "deal")
 """The ``fedsec`` commands this package serves."""
 
 
@@ -66,9 +66,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--policy", required=True, metavar="SITE.toml")
     check.add_argument("--state", metavar="DIR", help="the site's state directory (its ledger)")
     check.set_defaults(network_handler=_site_check)
-    from fedsec.network import deploy_cli
+    from fedsec.network import deploy_cli, keyholder_cli
 
     deploy_cli.register(commands)
+    keyholder_cli.register(commands)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD
     except OSError as error:
         detail = f"{error.strerror}: {error.filename}" if error.filename else str(error)
-        command = " ".join(filter(None, (args.command, args.tool)))
+        command = " ".join(filter(None, (args.command, getattr(args, "tool", None))))
         print(f"fedsec: {command} failed: {detail}", file=sys.stderr)
         return EXIT_FAILED
 

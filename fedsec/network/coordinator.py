@@ -40,6 +40,7 @@ from fedsec.network.mailbox import Mailboxes
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.pki import Peer, Trust
 from fedsec.network.transport import TransportServer
+from fedsec.secagg.keys import SigningKey
 
 POLL_WAIT = 2.0
 """Seconds a ``poll`` call is held open when the site has no job."""
@@ -131,6 +132,11 @@ class Hub:
         """How many times each site accepted the plan (a restarted site accepts again)."""
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
+        self.identity: SigningKey | None = None
+        self.cert_path: Path | None = None
+        self.key_path: Path | None = None
+        """This coordinator's identity key and certificate and TLS key files, for a layer that dials
+        another party (the Paillier key holder); set by ``fedsec serve``."""
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
                                           handler=self.handle, roster=frozenset(self.names), roles=("site",),

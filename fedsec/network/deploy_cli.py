@@ -107,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
     audit.event("plan_loaded", details={"sha256": sha, "sites": list(config.federation.sites)})
     hub = Hub(config=config, plan_bytes=plan_bytes, trust=trust, cert_pem=cert.read_bytes(),
               key_pem=key.read_bytes(), audit=audit, listen=args.listen)
+    hub.identity, hub.cert_path, hub.key_path = identity, cert, key
     code = 0
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C
     try:

@@ -112,7 +112,9 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
                  rng: np.random.Generator) -> RemoteRound:
         context = CoordinatorContext(config=config, rng=rng, names=hub.names, certificates=hub.certificates,
                                      peers=hub.peers, max_weight=max(len(c) for c in data.clients),
-                                     exchange=exchange)
+                                     exchange=exchange, identity=hub.identity, trust=hub.transport.trust,
+                                     cert_path=hub.cert_path, key_path=hub.key_path,
+                                     audit=hub.audit)
         layer = LAYERS[config.secure.aggregation][0](context)
         held["round"] = RemoteRound(layer=layer, hub=hub, strategy=None, deadline=deadline,  # type: ignore[arg-type]
                                     sequential_noise=config.dp.reproducible and config.dp.mode == "dpsgd",
@@ -128,7 +130,8 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
         layer = LAYERS[config.secure.aggregation][0](CoordinatorContext(
             config=config, rng=np.random.default_rng([config.seed, EVALUATION_STREAM]), names=hub.names,
             certificates=hub.certificates, peers=hub.peers, max_weight=max(len(c) for c in data.clients),
-            exchange=exchange))
+            exchange=exchange, identity=hub.identity, trust=hub.transport.trust, cert_path=hub.cert_path,
+            key_path=hub.key_path, audit=hub.audit))
         held["evaluation"] = RemoteRound(layer=layer, hub=hub, strategy=None,  # type: ignore[arg-type]
                                          deadline=deadline, sequential_noise=False,
                                          on_trained=lambda r, names: None)

@@ -37,9 +37,11 @@ from fedsec.network.layers.base import (
     split_first,
 )
 from fedsec.network.layers.masking import MaskingCoordinator, MaskingSite
+from fedsec.network.layers.paillier import PaillierCoordinator, PaillierSite
 
 LAYERS: dict[str, tuple[type[CoordinatorLayer], type[SiteLayer]]] = {
     "masking": (MaskingCoordinator, MaskingSite),
+    "paillier": (PaillierCoordinator, PaillierSite),
 }
 """``secure.aggregation`` -> (coordinator side, site side)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,12 @@ class CoordinatorContext:
             identity key each binds).
         max_weight: the public bound on a site's weight (the largest reported n_k).
         exchange: see :data:`Exchange`.
+        identity: the coordinator's Ed25519 identity key (its certificate binds the public half;
+            the Paillier layer signs its key-holder requests with it).
+        trust, cert_path, key_path: the study's root and the coordinator's certificate and TLS
+            key files (a layer that dials another party, e.g. the Paillier key holder).
+        audit: the coordinator's :class:`~fedsec.network.party_audit.PartyAudit` (such a layer
+            records its own calls there), or None.
     """
 
     config: ExperimentConfig
@@ -51,6 +58,11 @@ class CoordinatorContext:
     peers: Mapping[str, Peer]
     max_weight: int
     exchange: Exchange
+    identity: SigningKey | None = None
+    trust: Trust | None = None
+    cert_path: Path | None = None
+    key_path: Path | None = None
+    audit: Any = None
 
 
 class CoordinatorLayer(AggregationProtocol, ABC):
@@ -79,6 +91,8 @@ class SiteContext:
         trust: the federation's root and revocation list (to verify relayed certificates).
         sessions: where the site records the protocol sessions it took part in (durable in a
             deployment; None: the layer's process-wide default).
+        state: the site's state directory (a layer's durable records, e.g. the Paillier key
+            share and endorsements), or None.
     """
 
     config: ExperimentConfig
@@ -88,6 +102,7 @@ class SiteContext:
     identity: SigningKey
     trust: Trust
     sessions: Any = None
+    state: Path | None = None
 
 
 class SiteLayer(ABC):
