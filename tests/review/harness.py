@@ -49,8 +49,12 @@ class HonestSite:
 class Ring:
     """``n`` honest sites of a demo deployment under ``root`` and the adversary's coordinator."""
 
-    def __init__(self, root: Path, n: int, *, extra: str = "", rounds: int = 3) -> None:
+    def __init__(self, root: Path, n: int, *, extra: str = "", rounds: int = 3,
+                 min_sites: int = 3) -> None:
         self.d = demo.prepare(root, n, rounds=rounds, extra=extra)
+        if min_sites != 3:  # the demo plan's [federation] says min_sites = 3
+            text = self.d.plan.read_text()
+            self.d.plan.write_text(text.replace("min_sites = 3\n", f"min_sites = {min_sites}\n"))
         self.config: ExperimentConfig = loads_config(self.d.plan.read_text())
         self.trust = pki.Trust.load(self.d.ca)
         self.names = tuple(self.config.federation.sites)
