@@ -218,12 +218,13 @@ class BoostingConfig:
 class FederationConfig:
     """A deployment plan's federation (``fedsec serve``); ignored by ``fedsec run``."""
 
-    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; site i is "
-                            "client i, so its length is data.clients)",
-                        lambda v: all(isinstance(s, str) and s for s in v) and len(set(v)) == len(v))
-    server: str = _opt("coordinator", "the coordinator's certificate name",
-                       lambda v: bool(v))
-    min_sites: int = _opt(3, "an integer >= 2 (the fewest sites a round may run with)",
+    sites: tuple[str, ...] = _opt((), "a list of site names as in their certificates (the roster; "
+                                      "site i is client i, so its length is data.clients)",
+                                  lambda v: all(isinstance(s, str) and s for s in v)
+                                  and len(set(v)) == len(v))
+    server: str = _opt("coordinator", "the coordinator's certificate name", lambda v: bool(v))
+    min_sites: int = _opt(3, "an integer >= 2 (the fewest sites that must accept the plan before "
+                             "round 1; each site's policy checks it against aggregation.min_sites)",
                           lambda v: v >= 2)
     stage_timeout: float = _opt(60.0, "a number > 0 (seconds a site has to answer one stage; a "
                                       "site that misses it is a dropout for that round)",
@@ -407,11 +408,12 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     for text in overrides:
         key, value = parse_override(text)
         values[key] = value
-    return make_config(values)
+    return make_config(_files_beside(values, Path.cwd()))
 
 
 def _files_beside(values: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``data.files`` of a TOML file: relative paths are taken from the file's folder."""
+    """``data.files`` with relative paths taken from ``folder`` (the TOML file's; the working
+    directory's for ``--set``), so config.toml in a run directory names absolute paths."""
     files = values.get("data.files")
     if isinstance(files, list) and all(isinstance(f, str) for f in files):
         values["data.files"] = [f if not f or Path(f).is_absolute() else str((folder / f).resolve())

@@ -99,7 +99,7 @@ def load_data(config: ExperimentConfig, rng: np.random.Generator
 ProtocolFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset, np.random.Generator],
                            fl_core.AggregationProtocol]
 StrategyWrapper = Callable[[fl_core.Strategy], fl_core.Strategy]
-EvaluatorFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset, fl_core.AggregationProtocol], Any]
+EvaluatorFactory = Callable[[ExperimentConfig, fl_core.FederatedDataset], Any]
 
 
 def assemble_experiment(
@@ -113,8 +113,9 @@ def assemble_experiment(
 
     A deployed coordinator (:mod:`fedsec.network`) passes its own ``protocol_factory`` (the secure
     layer over the network, in place of :func:`build_protocol`), a ``strategy_wrapper`` (local
-    updates run at the sites) and an ``evaluator_factory`` (federated evaluation over the secure
-    layer; ``evaluator(model, test)`` for the server loop, and a round observer when it is one).
+    updates run at the sites) and an ``evaluator_factory`` (federated evaluation over its own
+    instance of the secure layer; ``evaluator(model, test)`` for the server loop, and a round
+    observer when it is one).
     """
     t = config.train
     model = fl_core.build_model(
@@ -124,7 +125,6 @@ def assemble_experiment(
         seed=int(rng.integers(0, 2**63 - 1)),
     )
     protocol = (protocol_factory or build_protocol)(config, data, rng)
-    secure_layer = protocol  # the evaluation sums go through it, not through the DP or robust wrappers
     n_parameters = sum(p.numel() for p in model.parameters())
     try:
         privacy = build_privacy(config, data, protocol, n_parameters)
@@ -147,11 +147,11 @@ def assemble_experiment(
     extra: list[RoundObserver] = [privacy.budget] if privacy is not None else []
     evaluator = None
     if evaluator_factory is not None:
-        evaluator = evaluator_factory(config, data, secure_layer)
+        evaluator = evaluator_factory(config, data)
     elif config.data.dataset == "csv":
-        from fedsec.site_data import build_evaluator
+        from fedsec.site_data import build_evaluator, evaluation_protocol
 
-        evaluator = build_evaluator(config, data, secure_layer)
+        evaluator = build_evaluator(config, data, evaluation_protocol(config, data))
     if isinstance(evaluator, RoundObserver):
         extra.append(evaluator)
     server = fl_core.FederatedServer(

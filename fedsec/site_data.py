@@ -86,6 +86,22 @@ def statistics_error_bound(aggregation: str, *, sites: int, max_weight: int, len
     return sites * step + decoding
 
 
+EVALUATION_STREAM = 17
+"""The evaluation layer's generator is ``default_rng([seed, 17])``: its rounding and simulated
+dropouts never move the training's draws (sampling, shuffling), so a run's model trajectory is
+the same with or without evaluation, as in a deployment, where each site rounds with its own
+randomness."""
+
+
+def evaluation_protocol(config: ExperimentConfig, data: fl_core.FederatedDataset
+                        ) -> fl_core.AggregationProtocol:
+    """The secure layer ``secure.*`` configures, as its own instance for the evaluation sums (its
+    own keys, its own generator :data:`EVALUATION_STREAM`)."""
+    from fedsec.experiment import build_protocol
+
+    return build_protocol(config, data, np.random.default_rng([config.seed, EVALUATION_STREAM]))
+
+
 def build_evaluator(config: ExperimentConfig, data: fl_core.FederatedDataset,
                     protocol: fl_core.AggregationProtocol) -> FederatedEvaluator:
     """The federated evaluator of a csv run over ``protocol`` (the run's secure layer).

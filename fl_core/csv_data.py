@@ -2,14 +2,16 @@
 
 A site's file has a header row naming its columns; the schema (:class:`CsvSchema`) names the label
 column, the feature columns (in the model's input order) and the declared class values. A file is
-read in chunks (:data:`CHUNK_ROWS` rows at a time, converted with numpy) and checked completely
+read in chunks (:data:`CHUNK_ROWS` rows at a time, each converted in one pass and checked
+with numpy) and checked completely
 before anything is returned: a missing, extra, duplicated or unnamed column, a row with the wrong
 number of fields, a feature value that is not a number, NaN or infinite or beyond the float32
 range, a label outside the declared classes, an empty file, and too few rows to hold out a test
 split each raise :class:`SiteDataError` naming the file, the row and the column.
 
 Row numbers are those a spreadsheet shows: the header is row 1, the first data row is row 2.
-Blank lines are skipped but counted, so the number still matches. Messages never quote a cell's
+Blank lines (and lines of empty fields only) are skipped but counted, so the number still
+matches. Messages never quote a cell's
 value (a message may be forwarded by the site's staff; the row and column find the cell).
 
 The held-out split is a deterministic function of (seed, client index) (:func:`split_seed`), so a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,35 +173,37 @@ def _header(path: str | Path, rows: Iterator[list[str]], schema: CsvSchema
 
 
 def _chunks(path: str | Path, rows: Iterator[list[str]], width: int
-            ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(cells [r, width] as text, spreadsheet row numbers [r]) per chunk; blank rows skipped."""
+            ) -> Iterator[tuple[list[list[str]], np.ndarray]]:
+    """(rows, spreadsheet row numbers [r]) per chunk of at most CHUNK_ROWS; blank rows skipped."""
     table: list[list[str]] = []
     numbers: list[int] = []
     for number, row in enumerate(rows, start=2):
-        if not row or not any(cell.strip() for cell in row):
+        if not any(row):  # a blank line, or one of empty fields only
             continue
         if len(row) != width:
             raise SiteDataError(path, f"has {len(row)} fields, the header has {width}", row=number)
         table.append(row)
         numbers.append(number)
         if len(table) == CHUNK_ROWS:
-            yield np.array(table, dtype=str), np.array(numbers, dtype=np.int64)
+            yield table, np.array(numbers, dtype=np.int64)
             table, numbers = [], []
     if table:
-        yield np.array(table, dtype=str), np.array(numbers, dtype=np.int64)
+        yield table, np.array(numbers, dtype=np.int64)
 
 
-def _features(path: str | Path, cells: np.ndarray, numbers: np.ndarray,
+def _features(path: str | Path, table: list[list[str]], numbers: np.ndarray, positions: list[int],
               names: tuple[str, ...]) -> np.ndarray:
+    pick = operator.itemgetter(*positions) if len(positions) > 1 else (lambda row: (row[positions[0]],))
     try:
-        values = cells.astype(np.float64)
+        flat = list(map(float, [cell for row in table for cell in pick(row)]))
     except ValueError:
-        for r, row in enumerate(cells):
-            for c, cell in enumerate(row):
+        for r, row in enumerate(table):
+            for c, cell in enumerate(pick(row)):
                 if not _is_float(cell):
                     what = "is empty" if not cell.strip() else "is not a number"
                     raise SiteDataError(path, what, row=int(numbers[r]), column=names[c]) from None
         raise
+    values = np.array(flat, dtype=np.float64).reshape(len(table), len(positions))
     bad = ~np.isfinite(values) | (np.abs(values) > _FLOAT32_MAX)
     if bad.any():
         r, c = (int(i[0]) for i in np.nonzero(bad))
@@ -216,8 +221,9 @@ def _is_float(cell: str) -> bool:
     return True
 
 
-def _labels(path: str | Path, cells: np.ndarray, numbers: np.ndarray, schema: CsvSchema) -> np.ndarray:
-    text = np.char.strip(cells)
+def _labels(path: str | Path, table: list[list[str]], numbers: np.ndarray, at: int,
+            schema: CsvSchema) -> np.ndarray:
+    text = np.array([row[at].strip() for row in table], dtype=str)
     values, inverse = np.unique(text, return_inverse=True)
     by_text = {c: k for k, c in enumerate(schema.classes)}
     by_number = {v: k for k, c in enumerate(schema.classes) if (v := _as_number(c)) is not None}
@@ -249,15 +255,14 @@ def read_site_csv(path: str | Path, schema: CsvSchema) -> tuple[ArrayDataset, tu
             rows = csv.reader(handle, strict=True)
             features, positions, label_at = _header(path, rows, schema)
             for cells, numbers in _chunks(path, rows, len(positions) + 1):
-                xs.append(_features(path, cells[:, positions], numbers, features))
-                ys.append(_labels(path, cells[:, label_at], numbers, schema))
+                xs.append(_features(path, cells, numbers, positions, features))
+                ys.append(_labels(path, cells, numbers, label_at, schema))
     except OSError as error:
         raise SiteDataError(path, f"cannot be read ({error.strerror or error})") from None
-    except UnicodeDecodeError as error:
-        raise SiteDataError(path, f"is not UTF-8 text (byte {error.start} of the failing "
-                                  f"block)") from None
+    except UnicodeDecodeError:
+        raise SiteDataError(path, "is not UTF-8 text (save it as CSV UTF-8)") from None
     except csv.Error as error:
-        raise SiteDataError(path, f"is not valid CSV ({error})") from None
+        raise SiteDataError(path, f"is not valid CSV near line {rows.line_num} ({error})") from None
     if not xs:
         raise SiteDataError(path, "holds a header but no data rows")
     return ArrayDataset(np.concatenate(xs), np.concatenate(ys)), features

@@ -27,7 +27,7 @@ when present, sits right after ``epsilon``)."""
 
 REAL_COLUMNS = frozenset({"accuracy", "loss", "epsilon", "epsilon_rdp", "delta", "seconds",
                           "train_loss", "update_norm", "budget_remaining", "noise_multiplier",
-                          "sample_rate"})
+                          "sample_rate", "auroc", "auroc_bound", "sensitivity", "specificity"})
 """Columns that always hold real numbers; any other column whose every value is a whole number
 is a counter and is written as integers (``3``, not ``3.0``)."""
 

@@ -257,7 +257,7 @@ def read_request(csr_pem: bytes) -> tuple[x509.CertificateSigningRequest, str, s
         valid = csr.is_signature_valid
         key = csr.public_key()
         subject, extensions = csr.subject, csr.extensions
-    except (ValueError, TypeError, UnsupportedAlgorithm):
+    except (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion):
         raise EnrolmentError("malformed", "not a well-formed certificate signing request") from None
     if not valid:
         raise EnrolmentError("bad_signature", "the request's signature does not verify")
@@ -320,7 +320,7 @@ def revoke(ca_dir: str | Path, cert_pem: bytes, *, passphrase: bytes | None = No
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
         cert.verify_directly_issued_by(ca_cert)
-    except (ValueError, TypeError, InvalidSignature):
+    except (ValueError, TypeError, InvalidSignature, x509.InvalidVersion):
         raise EnrolmentError("not_ours", "the certificate was not issued by this CA") from None
     path = Path(ca_dir) / "ca.crl"
     now = _now()
@@ -405,7 +405,7 @@ def verify_peer(cert: x509.Certificate | bytes, *, trust: Trust, roles: tuple[st
         if isinstance(cert, bytes):
             cert = x509.load_pem_x509_certificate(cert)
         cert.verify_directly_issued_by(trust.ca_cert)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm, x509.InvalidVersion):
         raise PeerRejected("chain") from None
     moment = now or _now()
     if moment < cert.not_valid_before_utc:

@@ -83,6 +83,8 @@ class RemoteRound(AggregationProtocol):
         self.noise_offset = 0
         self.on_trained = on_trained
         self.name = layer.name
+        self.evaluation: RemoteRound | None = None
+        """The evaluation's own round over its own layer instance (set by the coordinator)."""
 
     def min_contributions(self, n: int) -> int:
         return self.layer.min_contributions(n)

@@ -96,7 +96,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
                       observers: list[RoundObserver]) -> tuple[Experiment, RemoteRound]:
     """The experiment a coordinator runs (see the module), drawing from the run generator as the
     simulation of the same plan does."""
-    from fedsec.site_data import statistics_error_bound
+    from fedsec.site_data import EVALUATION_STREAM, statistics_error_bound
 
     deadline = config.federation.stage_timeout
     data = placeholder_data(config, hub.names, sites)
@@ -125,13 +125,21 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
         held["round"].strategy = RemoteStrategy(inner, data.clients)
         return held["round"].strategy
 
-    def evaluator(config: ExperimentConfig, data: fl_core.FederatedDataset,
-                  protocol: fl_core.AggregationProtocol) -> RemoteEvaluator:
+    def evaluator(config: ExperimentConfig, data: fl_core.FederatedDataset) -> RemoteEvaluator:
+        # the simulation's evaluation_protocol: its own instance of the layer, its own generator
+        layer = LAYERS[config.secure.aggregation][0](CoordinatorContext(
+            config=config, rng=np.random.default_rng([config.seed, EVALUATION_STREAM]), names=hub.names,
+            certificates=hub.certificates, peers=hub.peers, max_weight=max(len(c) for c in data.clients),
+            exchange=exchange, identity=hub.identity, trust=hub.transport.trust, cert_path=hub.cert_path,
+            key_path=hub.key_path, audit=hub.audit))
+        held["evaluation"] = RemoteRound(layer=layer, hub=hub, strategy=None,  # type: ignore[arg-type]
+                                         deadline=deadline, sequential_noise=False,
+                                         on_trained=lambda r, names: None)
         s = config.secure
         bound = statistics_error_bound(s.aggregation, sites=len(hub.names),
                                        max_weight=max(len(c) for c in data.clients),
                                        length=_sums_length(data.n_classes), clip=s.clip, bits=s.bits)
-        return RemoteEvaluator(hub=hub, deadline=deadline, protocol=protocol,
+        return RemoteEvaluator(hub=hub, deadline=deadline, protocol=held["evaluation"],
                                test_sizes=data.info["test_sizes"], n_classes=data.n_classes, max_error=bound)
 
     experiment = assemble_experiment(config, data, rng, observers=observers, protocol_factory=protocol,
@@ -139,7 +147,9 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     held["ledgers"] = SiteLedgers(experiment, sites, hub.audit)
     if experiment.privacy is not None:
         hub.noise_multiplier = float(experiment.privacy.noise_multiplier)
-    return experiment, held["round"]
+    remote: RemoteRound = held["round"]
+    remote.evaluation = held.get("evaluation")
+    return experiment, remote
 
 
 def _sums_length(n_classes: int) -> int:
@@ -173,10 +183,15 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
                                       deadline=f.stage_timeout,
                                       sizes={n: s.n_train for n, s in sites.items()})
         server.setup_upload_bytes += upload
-    layer = remote.layer
+    layers = [r.layer for r in (remote, remote.evaluation) if r is not None]
 
     def deployment(result: TrainingResult, out: Path | None) -> dict[str, Any]:
-        protocol = getattr(layer, "protocol_bytes", {})
+        protocol: dict[int, list[int]] = {}
+        for layer in layers:
+            for c, (up, down) in getattr(layer, "protocol_bytes", {}).items():
+                totals = protocol.setdefault(c, [0, 0])
+                totals[0] += up
+                totals[1] += down
         return {"deployment": {
             "plan_sha256": hub.plan_sha256, "sites": sorted(sites), "refused": dict(hub.refused),
             "audit": "audit.db",

@@ -157,3 +157,65 @@ def test_a_bad_file_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, r
     assert str(paths[1].resolve()) in err and f"row {row}" in err and f"column {column!r}" in err
     assert words in err
     assert not out.exists()
+
+
+def test_evaluation_never_moves_the_training_draws(tmp_path):
+    """The evaluation layer has its own generator: the model trajectory with evaluation equals the
+    one without (masking and DP-SGD, reproducible noise)."""
+    from fedsec.fl_core.federated_eval import FederatedEvaluator
+
+    write_shards(tmp_path)
+    config = load_config(plan(tmp_path), ["dp.reproducible=true", "rounds=2", "dp.target_epsilon=0",
+                                          "dp.noise_multiplier=1"])
+    with_eval = build_experiment(config)
+    evaluated = with_eval.server.run()
+    without = build_experiment(config)
+    without.server.evaluator = None
+    without.server.observers = [o for o in without.server.observers
+                                if not isinstance(o, FederatedEvaluator)]
+    plain = without.server.run()
+    np.testing.assert_array_equal(evaluated.vector, plain.vector)
+    assert [r.metrics["eval_sites"] for r in evaluated.records] == [4, 4]
+
+
+@pytest.mark.parametrize("aggregation,words", [("masking", "summed through the secure layer"),
+                                               ("none", "each site sends its own sums in the clear")])
+def test_the_site_evaluation_is_named_in_not_covered(tmp_path, aggregation, words):
+    write_shards(tmp_path)
+    config = load_config(plan(tmp_path), [f"secure.aggregation={aggregation}", "dp.target_epsilon=0",
+                                          "dp.noise_multiplier=1"])
+    entries = build_experiment(config).privacy.not_covered
+    assert entries[0].startswith("federated evaluation sums of the sites' held-out records")
+    assert words in entries[0]
+
+
+def test_the_documented_csv_example_loads_and_runs(tmp_path):
+    """The TOML block of docs/configuration.md's CSV section, with the shards beside it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = text[text.index("### Your own data: CSV files"):]
+    block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    keep = ["mean_radius", "mean_texture", "worst_area", LABEL]
+    for shard in write_shards(tmp_path):  # the example's files hold just its columns
+        with open(shard, newline="") as handle:
+            table = list(csv.reader(handle))
+        at = [table[0].index(name) for name in keep]
+        with open(shard, "w", newline="") as handle:
+            csv.writer(handle).writerows([[row[i] for i in at] for row in table])
+    path = tmp_path / "example.toml"
+    path.write_text(block)
+    config = load_config(path, ["rounds=1", "dp.mode=none"])
+    assert config.data.columns == ("mean_radius", "mean_texture", "worst_area")
+    result = build_experiment(config).server.run()
+    assert result.records[0].metrics["eval_sites"] == 4
+
+
+def test_files_given_with_set_are_taken_from_the_working_directory(tmp_path, monkeypatch):
+    write_shards(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["data.dataset=csv", 'data.files=["site0.csv", "site1.csv", "site2.csv"]',
+                                f"data.label={LABEL}", "data.classes=[0, 1]"])
+    assert config.data.files[2] == str((tmp_path / "site2.csv").resolve())
+    assert config.data.clients == 3

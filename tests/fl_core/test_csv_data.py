@@ -73,6 +73,9 @@ def test_a_missing_file_and_bad_bytes_are_site_errors(tmp_path):
     path.write_bytes(b"a,b,y\n1,\xe9,0\n")
     with pytest.raises(SiteDataError, match="not UTF-8"):
         read_site_csv(path, SCHEMA)
+    quoted = write(tmp_path / "quoted.csv", 'a,b,y\n1,2,0\n1,"2"x,1\n')
+    with pytest.raises(SiteDataError, match="not valid CSV near line 3"):
+        read_site_csv(quoted, SCHEMA)
 
 
 def test_columns_match_by_name_in_any_order_labels_by_text_or_number(tmp_path):

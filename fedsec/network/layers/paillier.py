@@ -262,7 +262,6 @@ class KeyHolderCustody(_Custody):
                                     f"is {self.threshold} (secure.threshold)")
         self._public_key = PaillierPublicKey.from_bytes(message.public_key)
         self._announcement, self._certificate = announcement, str(status["certificate"])
-        self._sequence = int(status["last_sequence"])
         self._client = client
         return client
 
@@ -299,7 +298,13 @@ class KeyHolderCustody(_Custody):
         ctx = self.context
         client = self._keyholder()
         self.why = {}
-        self._sequence += 1
+        # The key holder's own count, asked afresh: another instance of this layer (the
+        # evaluation's), or an earlier run, may have used numbers since.
+        try:
+            self._sequence = int(client.status()["last_sequence"]) + 1
+        except (TransportError, MalformedFrame, ValueError, KeyError) as error:
+            raise ProtocolAbort(f"the key holder did not answer ({getattr(error, 'code', 'malformed')})") \
+                from None
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
                           tagged=True)
         server = PaillierServer(self._public_key, spec, expected=ids, threshold=self.threshold,

@@ -59,6 +59,9 @@ from fedsec.state.endorsements import SqliteEndorsementStore
 
 HELLO, SUBMIT, ENDORSE, DECRYPT = "paillier/hello", "paillier/submit", "paillier/endorse", "paillier/decrypt"
 NO_SHARE = "this site holds no key share for the plan's roster (STATE_DIR/paillier.share)"
+LAST_USED: dict[bytes, int] = {}
+"""Paillier key id -> the last sequence number this coordinator process used under it: shared by
+every instance of the layer (the training's and the evaluation's), so none reuses a number."""
 
 
 class PerCallEndorsements:
@@ -154,11 +157,13 @@ class ThresholdCustody(_Custody):
             key_id = max(held, key=lambda k: (len(held[k]), -held[k][0]))
             self.public_key, self.directory = dealings[key_id]
             reported = sorted((lasts[c] for c in held[key_id]), reverse=True)
-            self._sequence = reported[min(self.threshold, len(reported)) - 1]
+            floor = reported[min(self.threshold, len(reported)) - 1]
+            LAST_USED[key_id] = max(LAST_USED.get(key_id, 0), floor)
             for other, holders in held.items():
                 for c in holders if other != key_id else ():
                     self.why[c] = "it holds another dealing"
-        self._sequence += 1
+        key_id = self.public_key.key_id
+        self._sequence = LAST_USED[key_id] = LAST_USED.get(key_id, 0) + 1
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
                           tagged=False)
         roster = {c: raw_identity(ctx.peers[n].identity_key) for c, n in enumerate(ctx.names)
