@@ -126,6 +126,10 @@ class Hub:
         self.job_rounds: dict[int, int | None] = {}
         self.round: int | None = None
         self.absent: set[str] = set()
+        self.standardization: bytes | None = None
+        """The federation's feature mean and spread once computed (sent again to a restarted site)."""
+        self.joins: dict[str, int] = {}
+        """How many times each site accepted the plan (a restarted site accepts again)."""
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
         self.identity: SigningKey | None = None
@@ -226,9 +230,13 @@ class Hub:
                 raise ValueError("the site's data shape differs from the other sites'")
             rejoined = peer.name in self.sites
             self.sites[peer.name] = info
+            self.joins[peer.name] = self.joins.get(peer.name, 0) + 1
             self.absent.discard(peer.name)
             self._joined.notify_all()
         self.mailboxes.clear(peer.name)
+        if rejoined and self.standardization is not None:
+            # a restarted site has lost the federation's feature scaling: it gets it first
+            self.mailboxes.post(peer.name, *self.job("standardize", 0, {}, self.standardization))
         self.audit.event("site_rejoined" if rejoined else "site_joined",
                          details={"site": peer.name, "fingerprint": peer.fingerprint, "n_train": info.n_train,
                                   "n_test": info.n_test})
@@ -247,14 +255,15 @@ class Hub:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded)."""
         present = {name: job for name, job in jobs.items() if name in self.sites and name not in self.absent}
+        joins = dict(self.joins)
         posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
         for name in jobs:
             if name not in answers:
                 reason = "no answer before the deadline" if name in posted else "not connected"
-                if name in posted:
-                    self.absent.add(name)
+                if name in posted and self.joins.get(name) == joins.get(name):
+                    self.absent.add(name)  # not if it reconnected meanwhile (its job was withdrawn)
                 self.audit.event("dropout", round=round_index, stage=kind,
                                  details={"site": name, "reason": reason})
                 continue

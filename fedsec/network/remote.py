@@ -214,5 +214,6 @@ def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, de
     std = np.sqrt(np.maximum(variance, 0.0))
     std[std < MIN_STD] = 1.0
     scaling = np.asarray(mean, dtype="<f8").tobytes() + np.asarray(std, dtype="<f8").tobytes()
+    hub.standardization = scaling
     hub.exchange("standardize", 0, {n: ({}, scaling) for n in hub.sites}, deadline)
     return mean, std, upload_mean + upload_var

@@ -136,6 +136,7 @@ class SiteWork:
             if offset < 0:
                 raise MalformedEnvelope("negative noise-stream offset")
             random.load_state_dict({"key": random.state_dict()["key"], "offset": offset})
+        self.model.train()  # an evaluation job may have come first (a restarted site)
         try:
             local = self.strategy.client_update(self.model, vector, self.train_data, rng=rng)
         except NonFiniteError:

@@ -71,7 +71,7 @@ def _site(d: demo.Deployment, k: int, port: int, *, data, policy: SitePolicy, ou
 @pytest.fixture(scope="module")
 def chaos(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults") / "d"
-    d = demo.prepare(root, 6, rounds=3, stage_timeout=5.0)
+    d = demo.prepare(root, 6, rounds=4, stage_timeout=90.0)  # the restarted site rejoins within it
     stop, seen = threading.Event(), []
     with federation(d) as running:
         garbage = threading.Thread(target=_garbage_site, args=(d, running.port, stop, seen), daemon=True)
@@ -83,6 +83,8 @@ def chaos(tmp_path_factory):
             running.join(k)
         wait_for_event(d.state(KILLED) / "audit.db", "contribution", 2)
         os.kill(running.sites[KILLED].pid, signal.SIGKILL)
+        running.sites[KILLED].wait()
+        running.join(KILLED)  # restarted with the same state: it rejoins while round 2 waits for it
         code, out = running.wait()
         stop.set()
         garbage.join(timeout=30)
@@ -93,13 +95,27 @@ def test_the_run_goes_on_without_the_killed_site_and_the_garbage_site(chaos):
     d, code, out, _, _, seen = chaos
     assert code == 0, out
     history = list(csv.DictReader(open(d.run_dir / "history.csv")))
-    assert [int(r["round"]) for r in history] == [1, 2, 3]
+    assert [int(r["round"]) for r in history] == [1, 2, 3, 4]
     assert history[0]["status"] == "ok" and int(history[0]["participants"]) == 4
     # round 2 lost the killed site in the middle: it completes with the three others or aborts
     assert history[1]["status"] == "ok" or history[1]["status"].startswith("aborted")
-    assert history[2]["status"] == "ok" and int(history[2]["participants"]) == 3
-    assert float(history[2]["rejected"]) >= 1  # the garbage site, refused by the masked server
+    assert all(r["status"] == "ok" and int(r["participants"]) >= 3 for r in history[2:])
+    assert int(history[-1]["participants"]) == 4  # the killed site, restarted, is back
+    # the garbage site, refused in every round that got as far as a sum
+    assert all(float(r["rejected"]) >= 1 for r in history if r["status"] == "ok")
     assert "layer" in seen and "done" in seen  # it was asked, answered garbage, and saw the end
+
+
+def test_the_killed_site_restarted_rejoins_and_never_contributes_twice_to_a_round(chaos):
+    d = chaos[0]
+    name = d.sites[KILLED].name
+    events = read_events(d.run_dir / "audit.db")
+    assert any(e.action == "site_rejoined" and e.payload()["site"] == name for e in events)
+    site = read_events(d.state(KILLED) / "audit.db")
+    rounds = [e.round for e in site if e.action == "contribution"]
+    assert rounds[:2] == [1, 2] and len(rounds) == len(set(rounds))
+    assert max(rounds) > 2  # it trained again after its restart
+    assert "the run is over" in (d.root / f"site-{KILLED}.log").read_text()
 
 
 def test_the_garbage_site_and_the_killed_site_are_recorded(chaos):
