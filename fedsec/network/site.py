@@ -203,6 +203,7 @@ class Site:
             ledger.close()
         state = SiteState(self.paths.state)
         state.accept(sha, plan.decode())
+        self.work.record = state.record(sha)
         self._event("plan_accepted", {"sha256": sha, "epsilon_reserved": total})
         accepted = self.call("accept", envelope.encode({"sha256": sha, **self.work.report()}))
         answer, _ = envelope.decode(accepted)

@@ -3,9 +3,10 @@ one pending contribution into two aggregations, the second without the victim, a
 decrypts both sums (each over >= its threshold of 3 submissions). Their difference is the victim's
 weighted vector.
 
-The sites are the project's ``PaillierSite`` layers built as ``Site._jobs`` builds them: each new
-setup takes the same pending contribution (``SiteWork.contribution`` does not consume it), and a
-site's :class:`PaillierClient` only asks that the sequence number move forward, which it does.
+The sites are the project's ``PaillierSite`` layers built as ``Site._jobs`` builds them, each new
+setup handed the same contribution. Fixed: ``SiteWork.contribution`` consumes it at the first setup
+(durably in a deployed site), and a site layer refuses a contribution it already put into an
+aggregation (``SiteContext.spent``) whatever the sequence number.
 The key holder is the real :class:`KeyHolderService` behind mTLS (the fixtures of
 ``tests/fedsec/network/test_deploy_paillier_layer.py``).
 """
@@ -34,9 +35,6 @@ from tests.review.harness import REFUSALS
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="FINDING R1/R3 under Paillier: one pending contribution is submitted "
-                                        "to two aggregations (a higher sequence number each); the key "
-                                        "holder decrypts both, and their difference is one site's vector")
 def test_a_pending_contribution_is_not_submitted_twice_under_paillier(study, sites, keyholder, tmp_path):  # noqa: F811
     address, runner = keyholder
     base = plan("key_holder", address)
