@@ -233,7 +233,7 @@ class Site:
     def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:
         context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
                               names=tuple(config.federation.sites), identity=self.identity, trust=self.trust,
-                              sessions=state, state=self.paths.state)
+                              sessions=state, state=self.paths.state, policy=self.policy)
         layer: SiteLayer | None = None
         site_layer = LAYERS[config.secure.aggregation][1]
         following: bytes | None = None

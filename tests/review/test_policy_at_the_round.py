@@ -1,13 +1,13 @@
 """Adversary: the coordinator. A site's ``SITE.toml`` sets the fewest sites per round and the
 smallest threshold (``aggregation.min_sites``, ``aggregation.min_threshold``); the site checks
-them against the plan when it joins (``check_plan``), and never again. The coordinator then runs
-each masked aggregation over whatever ring it likes, and the threshold follows the ring's size.
+them against the plan when it joins (``check_plan``). The coordinator then runs a masked
+aggregation over a smaller ring. Fixed (R10): the site checks the ring and threshold of every
+aggregation against its policy and the plan (``round_floor``, the masked client's policy).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from fedsec.fl_core.federated_eval import sums_length
 
 from fedsec.network.envelope import vector_bytes
@@ -17,9 +17,6 @@ from tests.review.harness import REFUSALS, Ring
 N = 6
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING R10: the site's min_sites / min_threshold are checked "
-                                        "against the plan only; the coordinator runs a 3-site ring at "
-                                        "threshold 2 with a site whose policy demands 6 sites, threshold 3")
 def test_a_site_refuses_a_ring_smaller_than_its_policy(tmp_path):
     ring = Ring(tmp_path / "d", N, min_sites=N)
     try:

@@ -97,6 +97,8 @@ class SiteContext:
             deployment; None: the layer's process-wide default).
         state: the site's state directory (a layer's durable records, e.g. the Paillier key
             share and endorsements), or None.
+        policy: the site's :class:`~fedsec.network.policy.SitePolicy` (its ``min_sites`` and
+            ``min_threshold`` are enforced at every aggregation, see :func:`round_floor`), or None.
         spent: the contributions this process has put into an aggregation, as (purpose, round,
             SHA-256 of vector and weight): a second setup handing a layer the same contribution
             is refused whatever session id or sequence number it carries. (The site's own,
@@ -112,6 +114,24 @@ class SiteContext:
     sessions: Any = None
     state: Path | None = None
     spent: set[tuple[Any, Any, str]] = field(default_factory=set)
+    policy: Any = None
+
+
+def round_floor(context: SiteContext) -> tuple[int, int]:
+    """``(fewest sites, smallest threshold)`` this site accepts in one aggregation, for every
+    purpose: the larger of its own policy's ``aggregation.min_sites`` / ``min_threshold``
+    (``context.policy``, a :class:`~fedsec.network.policy.SitePolicy`, when set) and the plan's
+    ``federation.min_sites`` and the threshold the plan implies for that many sites (what the
+    site's policy admitted when it joined). Checked at every aggregation, never only at join."""
+    from fedsec.network.policy import plan_facts
+
+    config = context.config
+    facts = plan_facts(config, min_sites=config.federation.min_sites)
+    sites, threshold = facts.sites_per_round, facts.threshold
+    if context.policy is not None:
+        sites = max(sites, context.policy.min_sites)
+        threshold = max(threshold, context.policy.min_threshold)
+    return sites, threshold
 
 
 class SiteLayer(ABC):
