@@ -30,6 +30,7 @@ import torch
 
 from fedsec import fl_core
 from fedsec.config import ExperimentConfig
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
 from fedsec.fl_core.federated_eval import local_evaluation
@@ -122,6 +123,9 @@ class SiteWork:
             if (isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float)
                     or not math.isfinite(noise_multiplier) or noise_multiplier <= 0):
                 raise PolicyRefused("dp.noise", "the coordinator sent no valid noise multiplier")
+            if noise_multiplier < MIN_NOISE_MULTIPLIER:
+                raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} is below "
+                                                f"{MIN_NOISE_MULTIPLIER:g}, the Gaussian sampler's floor")
             settings = dataclasses.replace(PrivacySettings.from_config(config),
                                            noise_multiplier=float(noise_multiplier))
             own = fl_core.FederatedDataset(name="site", clients=(self.train_data,), test=self.test_data,

@@ -1,6 +1,7 @@
 """Adversary: the coordinator, writing the plan. It cannot change a site's ``SITE.toml``, but it
 chooses ``dp.delta`` in (0, 1), and every epsilon the site's policy and lifetime ledger cap is
-"at the plan's delta" (docs/deployment.md, policy reference). Nothing in the policy bounds delta.
+"at the plan's delta" (docs/deployment.md, policy reference). Fixed (R5): the policy bounds delta
+(``dp.max_delta``, default 1e-5), so the lax plan is refused by ``check_plan``.
 
 At delta = 0.5 an (epsilon, delta) guarantee allows publishing half the records outright; here
 it also buys the coordinator a noise level that the same site, under the same default policy,
@@ -31,9 +32,6 @@ def _start(tmp_path, name: str, *, delta: float, target: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="FINDING R5: the site policy never bounds dp.delta; a plan at "
-                                        "delta 0.5 passes the default policy and gets noise the same "
-                                        "policy refuses at delta 1e-5")
 def test_a_plan_cannot_buy_less_noise_with_a_large_delta(tmp_path):
     # control: at delta 1e-5 this noise costs the site epsilon ~14.7 over the plan's rounds, above
     # the default policy's dp.max_epsilon_run of 10 (the largest plan it would admit)
