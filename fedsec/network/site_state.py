@@ -1,6 +1,9 @@
 """What a site keeps across restarts besides its epsilon ledger: the plans it accepted and the
 rounds it contributed to (``STATE_DIR/site.db``, SQLite WAL, synchronous FULL).
 
+It also records which contributions went into an aggregation (``consumed``: run, kind, round),
+so a contribution is summed at most once, across restarts too (:meth:`SiteState.consume`).
+
 It is also the masked protocol's durable session record: one (session, round) per identity, so a
 restarted site never takes part twice in one masked round.
 
