@@ -113,7 +113,7 @@ class SiteContext:
     trust: Trust
     sessions: Any = None
     state: Path | None = None
-    spent: set[tuple[Any, Any, str]] = field(default_factory=set)
+    spent: set[tuple[str, str, str]] = field(default_factory=set)
     policy: Any = None
 
 
@@ -149,7 +149,7 @@ class SiteLayer(ABC):
         self.context, self.setup, self.vector, self.weight = context, setup, vector, weight
         content = np.ascontiguousarray(vector).tobytes() + str(int(weight)).encode()
         digest = hashlib.sha256(content).hexdigest()
-        key = (setup.get("purpose"), setup.get("round"), digest)
+        key = (repr(setup.get("purpose")), repr(setup.get("round")), digest)  # untrusted: any JSON
         if key in context.spent:
             raise ClientAbort(SPENT)
         context.spent.add(key)
