@@ -224,10 +224,12 @@ class Hub:
                         envelope.field(header, "n_classes", int))
         if info.n_train < 1 or info.n_test < 1:
             raise ValueError("a site needs training and test records")
+        # checked against the plan (its columns and classes fix both), never against another site:
+        # a site accepting first with a bogus shape cannot lock the honest ones out
+        expected = ((len(self.config.data.columns),), len(self.config.data.classes))
+        if (info.input_shape, info.n_classes) != expected:
+            raise ValueError("the site's data shape differs from the plan's data.columns/data.classes")
         with self._joined:
-            others = [s for s in self.sites.values() if s.name != peer.name]
-            if others and (others[0].input_shape, others[0].n_classes) != (info.input_shape, info.n_classes):
-                raise ValueError("the site's data shape differs from the other sites'")
             rejoined = peer.name in self.sites
             self.sites[peer.name] = info
             self.joins[peer.name] = self.joins.get(peer.name, 0) + 1

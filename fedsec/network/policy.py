@@ -18,6 +18,10 @@ Example::
     required = true
     max_epsilon_run = 3.0               # largest epsilon one run may spend
     max_epsilon_lifetime = 10.0         # largest epsilon over every run this site joins (ledger)
+    max_delta = 1e-5                    # largest delta the plan's epsilons may be stated at
+
+    [data]
+    max_test_fraction = 0.5             # largest held-out share (evaluated without DP)
 
     [models]
     allowed = ["logreg", "mlp"]
@@ -43,7 +47,8 @@ AGGREGATIONS = ("none", "masking", "paillier")
 MODELS = ("logreg", "mlp", "cnn")
 RULES = ("aggregation.allowed", "aggregation.require_active", "aggregation.min_sites",
          "aggregation.min_threshold", "dp.required", "dp.reproducible", "dp.max_epsilon_run",
-         "models.allowed", "rounds.max", "dp.max_epsilon_lifetime", "dp.ledger")
+         "dp.max_delta", "data.max_test_fraction", "models.allowed", "rounds.max",
+         "dp.max_epsilon_lifetime", "dp.ledger")
 """Rule names in the order they are checked (the last one by the :class:`EpsilonLedger`)."""
 
 
@@ -63,6 +68,14 @@ class SitePolicy:
             (default 30).
         models_allowed: model names accepted (default: logreg, mlp, cnn).
         max_rounds: most rounds per run, >= 1 (default 1000).
+        max_delta: largest ``dp.delta`` of a DP plan, in (0, 1) (default 1e-5). Every epsilon
+            above is "at the plan's delta": without this bound a plan could state a small
+            epsilon at a delta like 0.5 (which allows publishing half the records) and buy less
+            noise. 1e-5 is the usual choice for datasets of up to about 10^4-10^5 records
+            (delta well below 1/n); lower it for larger sites.
+        max_test_fraction: largest ``data.test_fraction``, in (0, 1) (default 0.5). The held-out
+            share is evaluated every round without DP noise (its sums are masked, not noised):
+            this bounds how much of the site's data goes to that undefended evaluation.
     """
 
     aggregation_allowed: tuple[str, ...] = ("masking", "paillier")
@@ -74,6 +87,8 @@ class SitePolicy:
     max_epsilon_lifetime: float = 30.0
     models_allowed: tuple[str, ...] = MODELS
     max_rounds: int = 1000
+    max_delta: float = 1e-5
+    max_test_fraction: float = 0.5
     source: str = field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +106,10 @@ class SitePolicy:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or value <= 0:
                 raise ValueError(f"{key}: must be a finite number > 0")
+        for key, value in (("dp.max_delta", self.max_delta),
+                           ("data.max_test_fraction", self.max_test_fraction)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+                raise ValueError(f"{key}: must be a number in (0, 1)")
         if self.max_epsilon_lifetime < self.max_epsilon_run:
             raise ValueError("dp.max_epsilon_lifetime: must be >= dp.max_epsilon_run")
 
@@ -109,7 +128,8 @@ _KEYS = {"aggregation.allowed": "aggregation_allowed", "aggregation.min_threshol
          "aggregation.min_sites": "min_sites", "aggregation.require_active": "require_active",
          "dp.required": "dp_required", "dp.max_epsilon_run": "max_epsilon_run",
          "dp.max_epsilon_lifetime": "max_epsilon_lifetime", "models.allowed": "models_allowed",
-         "rounds.max": "max_rounds"}
+         "rounds.max": "max_rounds", "dp.max_delta": "max_delta",
+         "data.max_test_fraction": "max_test_fraction"}
 
 
 def policy_from_mapping(table: Mapping[str, Any], *, source: str = "<mapping>") -> SitePolicy:
@@ -118,7 +138,7 @@ def policy_from_mapping(table: Mapping[str, Any], *, source: str = "<mapping>") 
     for section, body in table.items():
         if not isinstance(body, Mapping):
             raise ValueError(f"{section}: unknown key (the policy has sections aggregation, dp, "
-                             f"models, rounds)")
+                             f"data, models, rounds)")
         for key, value in body.items():
             dotted = f"{section}.{key}"
             if dotted not in _KEYS:
@@ -151,6 +171,8 @@ class PlanFacts:
         epsilon: the run's epsilon budget (``inf`` when DP is on with no budget, 0 without DP).
         model: the model's name.
         rounds: the number of rounds.
+        delta: the plan's ``dp.delta`` (the delta its epsilons are stated at; 0 without DP).
+        test_fraction: the plan's ``data.test_fraction`` (held out, evaluated without DP).
     """
 
     aggregation: str
@@ -162,6 +184,8 @@ class PlanFacts:
     epsilon: float
     model: str
     rounds: int
+    delta: float = 0.0
+    test_fraction: float = 0.0
 
 
 def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> PlanFacts:
@@ -195,7 +219,8 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
     epsilon = 0.0 if not uses_dp else (dp.target_epsilon if dp.target_epsilon > 0 else math.inf)
     return PlanFacts(aggregation=secure.aggregation, active=secure.aggregation != "masking" or secure.active,
                      sites_per_round=sites, threshold=threshold, dp=uses_dp, reproducible=dp.reproducible,
-                     epsilon=epsilon, model=config.model.name, rounds=config.rounds)
+                     epsilon=epsilon, model=config.model.name, rounds=config.rounds,
+                     delta=dp.delta if uses_dp else 0.0, test_fraction=config.data.test_fraction)
 
 
 def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
@@ -223,6 +248,13 @@ def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
     if facts.epsilon > policy.max_epsilon_run:
         raise PolicyRefused("dp.max_epsilon_run", f"the plan may spend epsilon {facts.epsilon:g}; this "
                                                   f"site allows {policy.max_epsilon_run:g} per run")
+    if facts.dp and facts.delta > policy.max_delta:
+        raise PolicyRefused("dp.max_delta", f"the plan states its epsilon at delta {facts.delta:g}; this "
+                                            f"site allows delta <= {policy.max_delta:g}")
+    if facts.test_fraction > policy.max_test_fraction:
+        raise PolicyRefused("data.max_test_fraction", f"the plan holds out {facts.test_fraction:g} of the "
+                                                      f"records for evaluation without DP; this site "
+                                                      f"allows <= {policy.max_test_fraction:g}")
     if facts.model not in policy.models_allowed:
         raise PolicyRefused("models.allowed", f"the plan trains {facts.model!r}; this site accepts "
                                               f"{', '.join(policy.models_allowed)}")

@@ -17,7 +17,11 @@ Order of a site's first calls, and what stops it:
    (``dp.noise``, exit 3) one that would exceed the plan's ``dp.target_epsilon``.
 
 Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
-rounds than the plan's, is refused), and its epsilon is entered in the audit log. SIGTERM ends
+rounds than the plan's, is refused), and its epsilon is entered in the audit log. Each pending
+contribution (update, evaluation sums, feature moments) goes into at most one aggregation: the
+first layer setup naming it consumes it in ``site.db`` (see :mod:`fedsec.network.site_work`), and
+the layer is given the site's policy, whose ``min_sites``/``min_threshold`` it enforces at every
+aggregation. SIGTERM ends
 the process with exit 0 and Ctrl-C with 130, each after a ``disconnect`` event.
 """
 
@@ -203,6 +207,7 @@ class Site:
             ledger.close()
         state = SiteState(self.paths.state)
         state.accept(sha, plan.decode())
+        self.work.record = state.record(sha)
         self._event("plan_accepted", {"sha256": sha, "epsilon_reserved": total})
         accepted = self.call("accept", envelope.encode({"sha256": sha, **self.work.report()}))
         answer, _ = envelope.decode(accepted)
@@ -232,7 +237,7 @@ class Site:
     def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:
         context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
                               names=tuple(config.federation.sites), identity=self.identity, trust=self.trust,
-                              sessions=state, state=self.paths.state)
+                              sessions=state, state=self.paths.state, policy=self.policy)
         layer: SiteLayer | None = None
         site_layer = LAYERS[config.secure.aggregation][1]
         following: bytes | None = None

@@ -1,6 +1,9 @@
 """What a site keeps across restarts besides its epsilon ledger: the plans it accepted and the
 rounds it contributed to (``STATE_DIR/site.db``, SQLite WAL, synchronous FULL).
 
+It also records which contributions went into an aggregation (``consumed``: run, kind, round),
+so a contribution is summed at most once, across restarts too (:meth:`SiteState.consume`).
+
 It is also the masked protocol's durable session record: one (session, round) per identity, so a
 restarted site never takes part twice in one masked round.
 
@@ -23,6 +26,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (run_id TEXT PRIMARY KEY, plan TEXT NOT NULL, accepted_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS contributions (run_id TEXT NOT NULL, round INTEGER NOT NULL,
     at TEXT NOT NULL, PRIMARY KEY (run_id, round));
+CREATE TABLE IF NOT EXISTS consumed (run_id TEXT NOT NULL, kind TEXT NOT NULL, round INTEGER NOT NULL,
+    at TEXT NOT NULL, PRIMARY KEY (run_id, kind, round));
 CREATE TABLE IF NOT EXISTS sessions (identity BLOB NOT NULL, session BLOB NOT NULL, round INTEGER NOT NULL,
     PRIMARY KEY (identity, session, round));
 """
@@ -78,6 +83,31 @@ class SiteState:
             self._db.execute("INSERT INTO contributions VALUES (?, ?, ?)", (run_id, round_index, _now()))
         return done + 1
 
+    def used(self, run_id: str, kind: str, round_index: int) -> bool:
+        """Whether the contribution (``kind``, ``round_index``) of ``run_id`` went into an aggregation."""
+        return self._db.execute("SELECT 1 FROM consumed WHERE run_id = ? AND kind = ? AND round = ?",
+                                (run_id, kind, int(round_index))).fetchone() is not None
+
+    def consume(self, run_id: str, kind: str, round_index: int) -> None:
+        """Record, before anything that depends on it leaves, that the site's contribution
+        (``kind``: update, evaluation, moments-1, moments-2; ``round_index``) of ``run_id`` goes
+        into an aggregation. Keyed by the run (plan SHA-256), never by a session id or sequence
+        number the coordinator picks, and kept across restarts.
+
+        Raises:
+            PolicyRefused: ``contribution.used`` (it already went into one).
+        """
+        with transaction(self._db):
+            cursor = self._db.execute("INSERT OR IGNORE INTO consumed VALUES (?, ?, ?, ?)",
+                                      (run_id, kind, int(round_index), _now()))
+        if cursor.rowcount != 1:
+            raise PolicyRefused("contribution.used", f"this site's {kind} contribution of round "
+                                                     f"{round_index} already went into an aggregation")
+
+    def record(self, run_id: str) -> RunRecord:
+        """The durable record of ``run_id``'s consumed contributions (for :class:`SiteWork`)."""
+        return RunRecord(self, run_id)
+
     def claim(self, identity: bytes, session: bytes, round_index: int) -> bool:
         """The masked protocol's session record (:mod:`fedsec.protocols.masked.sessions`), on
         disk: False when this identity already took part in (session, round), also before a
@@ -89,3 +119,16 @@ class SiteState:
 
     def close(self) -> None:
         self._db.close()
+
+
+class RunRecord:
+    """One run's consumed contributions in ``site.db`` (see :meth:`SiteState.consume`)."""
+
+    def __init__(self, state: SiteState, run_id: str) -> None:
+        self.state, self.run_id = state, run_id
+
+    def used(self, kind: str, round_index: int) -> bool:
+        return self.state.used(self.run_id, kind, round_index)
+
+    def consume(self, kind: str, round_index: int) -> None:
+        self.state.consume(self.run_id, kind, round_index)

@@ -9,6 +9,12 @@
 
 Each leaves one pending *contribution* (vector, integer weight, purpose, round) that the secure
 layer's site side sums next; a layer setup for another purpose or round is refused.
+
+A contribution goes into at most one aggregation, ever: the first setup that names it consumes
+it (recorded in the site's :class:`ContributionRecord` before the layer is built, so before any
+message that depends on it leaves). A deployed site's record is ``site.db`` keyed by (plan
+SHA-256, kind, round), so a restart does not reset it. An evaluation is answered for rounds
+1..``rounds`` of the plan only, once per round; each stage of the feature moments once per run.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 
 from fedsec import fl_core
 from fedsec.config import ExperimentConfig
+from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
 from fedsec.fl_core.federated_eval import local_evaluation
@@ -42,13 +49,35 @@ class Contribution:
     round: int
     vector: np.ndarray
     weight: int
+    kind: str = "update"
+    """What produced it: ``update``, ``evaluation``, ``moments-1`` or ``moments-2``."""
+
+
+class MemoryRecord:
+    """The consumed contributions of one process (tests and the in-process harness; a deployed
+    site uses :meth:`fedsec.network.site_state.SiteState.record`, on disk)."""
+
+    def __init__(self) -> None:
+        self._used: set[tuple[str, int]] = set()
+
+    def used(self, kind: str, round_index: int) -> bool:
+        return (kind, round_index) in self._used
+
+    def consume(self, kind: str, round_index: int) -> None:
+        if (kind, round_index) in self._used:
+            raise PolicyRefused("contribution.used", f"this site's {kind} contribution of round "
+                                                     f"{round_index} already went into an aggregation")
+        self._used.add((kind, round_index))
 
 
 class SiteWork:
     """A site's data, model, strategy and privacy for one plan."""
 
-    def __init__(self, config: ExperimentConfig, *, client_id: int, data: ClientData) -> None:
+    def __init__(self, config: ExperimentConfig, *, client_id: int, data: ClientData,
+                 record: Any = None) -> None:
         self.config, self.client_id = config, client_id
+        self.record: Any = MemoryRecord() if record is None else record
+        """Where consumed contributions are recorded (``used(kind, round)``, ``consume(kind, round)``)."""
         self.train_data, self.test_data = data.train, data.test
         self.n_classes = len(config.data.classes)
         self.input_shape = (int(data.train.x.shape[1]),)
@@ -63,14 +92,14 @@ class SiteWork:
         self.length = sum(p.numel() for p in self.model.parameters())
 
     @classmethod
-    def load(cls, config: ExperimentConfig, *, name: str, path: Path) -> SiteWork:
+    def load(cls, config: ExperimentConfig, *, name: str, path: Path, record: Any = None) -> SiteWork:
         """Read and validate the site's file against the plan (raises ``SiteDataError``)."""
         from fedsec.site_data import schema
 
         index = config.federation.sites.index(name)
         data = load_client_csv(path, schema(config), test_fraction=config.data.test_fraction,
                                seed=config.seed, index=index)
-        return cls(config, client_id=index, data=data)
+        return cls(config, client_id=index, data=data, record=record)
 
     def report(self) -> dict[str, Any]:
         """What the site tells the coordinator when it accepts (public under the plan's unit)."""
@@ -94,6 +123,9 @@ class SiteWork:
             if (isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float)
                     or not math.isfinite(noise_multiplier) or noise_multiplier <= 0):
                 raise PolicyRefused("dp.noise", "the coordinator sent no valid noise multiplier")
+            if noise_multiplier < MIN_NOISE_MULTIPLIER:
+                raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} is below "
+                                                f"{MIN_NOISE_MULTIPLIER:g}, the Gaussian sampler's floor")
             settings = dataclasses.replace(PrivacySettings.from_config(config),
                                            noise_multiplier=float(noise_multiplier))
             own = fl_core.FederatedDataset(name="site", clients=(self.train_data,), test=self.test_data,
@@ -158,13 +190,25 @@ class SiteWork:
         return self.privacy.trainer.optimizer.random
 
     def evaluate(self, header: dict[str, Any], body: bytes) -> None:
+        """The held-out sums of the job's model for a round of the plan (1..``rounds``), once.
+
+        Raises:
+            PolicyRefused: ``evaluation.round`` (outside the plan's rounds) or
+                ``contribution.used`` (this round's evaluation already went into an aggregation).
+        """
         round_index = field(header, "round", int)
+        if not 1 <= round_index <= self.config.rounds:
+            raise PolicyRefused("evaluation.round", f"round {round_index} is outside the plan's "
+                                                    f"1..{self.config.rounds}")
+        self._unused("evaluation", round_index)
         set_vector(self.model, vector_from(body, self.length))
         sums = local_evaluation(self.model, self.test_data, n_classes=self.n_classes)
-        self.pending = Contribution("statistics", round_index, sums, 1)
+        self.pending = Contribution("statistics", round_index, sums, 1, kind="evaluation")
 
     def moments(self, header: dict[str, Any], body: bytes) -> None:
         stage = field(header, "stage", int)
+        if stage in (1, 2):
+            self._unused(f"moments-{stage}", 0)
         flat = self.train_data.x.reshape(len(self.train_data), -1).astype(np.float64)
         if stage == 1:
             vector = flat.mean(axis=0)
@@ -175,7 +219,8 @@ class SiteWork:
             vector = ((flat - mean) ** 2).mean(axis=0)
         else:
             raise MalformedEnvelope("moments stage must be 1 or 2")
-        self.pending = Contribution("statistics", 0, vector.astype(np.float32), len(self.train_data))
+        self.pending = Contribution("statistics", 0, vector.astype(np.float32), len(self.train_data),
+                                    kind=f"moments-{stage}")
 
     def standardize(self, header: dict[str, Any], body: bytes) -> None:
         d = self.input_shape[0]
@@ -189,9 +234,22 @@ class SiteWork:
 
         self.train_data, self.test_data = scale(self.train_data), scale(self.test_data)
 
+    def _unused(self, kind: str, round_index: int) -> None:
+        if self.record.used(kind, round_index):
+            raise PolicyRefused("contribution.used", f"this site's {kind} contribution of round "
+                                                     f"{round_index} already went into an aggregation")
+
     def contribution(self, purpose: Any, round_index: Any) -> tuple[np.ndarray, int]:
-        """The pending contribution for (``purpose``, ``round_index``); ClientAbort otherwise."""
+        """Consume the pending contribution for (``purpose``, ``round_index``): it is recorded as
+        used and is no longer pending, so no later setup (whatever its session id or sequence
+        number) gets it. ClientAbort when none is pending for that purpose and round, or when
+        the record says it was already used (a restarted site handed the same job again)."""
         p = self.pending
         if p is None or p.purpose != purpose or p.round != round_index:
             raise ClientAbort("the aggregation's setup names no pending contribution of this site")
+        self.pending = None
+        try:
+            self.record.consume(p.kind, p.round)
+        except PolicyRefused:
+            raise ClientAbort("this contribution already went into an aggregation") from None
         return p.vector, p.weight

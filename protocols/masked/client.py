@@ -95,6 +95,11 @@ class ClientPolicy:
             shrinks every client's integer DP noise relative to the signal: pin it when adding noise.
         min_word_slack: the least word slack (headroom per word for its shifted noise) it accepts,
             >= 0; set it to its noise's slack when adding noise.
+        min_ring: the smallest ring (clients named in the session parameters) it takes part in,
+            >= 1 (default 1: the protocol's own floor of 3 applies); a deployed site sets its
+            policy's ``aggregation.min_sites``.
+        min_threshold: the smallest reconstruction threshold it accepts, >= 1 (default 1: the
+            corrupt-fraction floor applies); a deployed site sets ``aggregation.min_threshold``.
     """
 
     require_active: bool = True
@@ -106,6 +111,8 @@ class ClientPolicy:
     clip: float | None = None
     bits: int | None = None
     min_word_slack: int = 0
+    min_ring: int = 1
+    min_threshold: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.require_active, bool):
@@ -119,7 +126,8 @@ class ClientPolicy:
                                  "mode has no directory of identities to count)")
         elif not _is_int(self.population) or self.population < 1:
             raise ValueError(f"population must be an integer >= 1, got {self.population!r}")
-        for name, low in (("max_length", 1), ("max_degree", 2), ("max_ring", 3), ("min_word_slack", 0)):
+        for name, low in (("max_length", 1), ("max_degree", 2), ("max_ring", 3), ("min_word_slack", 0),
+                          ("min_ring", 1), ("min_threshold", 1)):
             value = getattr(self, name)
             if not _is_int(value) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -216,7 +224,8 @@ class _AwaitParams(_Stage):
         ctx, policy = self.ctx, self.ctx.policy
         n = len(p.ring)
         # Bounds first, before any work that grows with the ring or the degree.
-        if (n > policy.max_ring or not 2 <= p.degree <= policy.max_degree or p.degree >= n
+        if (n > policy.max_ring or n < policy.min_ring or p.threshold < policy.min_threshold
+                or not 2 <= p.degree <= policy.max_degree or p.degree >= n
                 or p.threshold > p.degree or policy.refuses_encoding(p.clip, p.bits, p.word_slack)):
             raise ClientAbort(UNSAFE_PARAMS)
         if p.active:

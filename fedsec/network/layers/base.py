@@ -8,9 +8,10 @@ certificates, whatever the layer needs) and the first protocol message.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ from fedsec.config import ExperimentConfig
 from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, ClientUpdate, Purpose
 from fedsec.network import envelope
 from fedsec.network.pki import Peer, Trust
+from fedsec.protocols.errors import ClientAbort
 from fedsec.secagg.keys import SigningKey
+
+SPENT = "this contribution already went into an aggregation"
 
 Exchange = Callable[[str, Mapping[int, bytes]], dict[int, bytes]]
 """``exchange(stage, {client: message}) -> {client: reply}``: sends one message to each client's
@@ -93,6 +97,12 @@ class SiteContext:
             deployment; None: the layer's process-wide default).
         state: the site's state directory (a layer's durable records, e.g. the Paillier key
             share and endorsements), or None.
+        policy: the site's :class:`~fedsec.network.policy.SitePolicy` (its ``min_sites`` and
+            ``min_threshold`` are enforced at every aggregation, see :func:`round_floor`), or None.
+        spent: the contributions this process has put into an aggregation, as (purpose, round,
+            SHA-256 of vector and weight): a second setup handing a layer the same contribution
+            is refused whatever session id or sequence number it carries. (The site's own,
+            durable rule is :meth:`~fedsec.network.site_work.SiteWork.contribution`'s.)
     """
 
     config: ExperimentConfig
@@ -103,6 +113,25 @@ class SiteContext:
     trust: Trust
     sessions: Any = None
     state: Path | None = None
+    spent: set[tuple[str, str, str]] = field(default_factory=set)
+    policy: Any = None
+
+
+def round_floor(context: SiteContext) -> tuple[int, int]:
+    """``(fewest sites, smallest threshold)`` this site accepts in one aggregation, for every
+    purpose: the larger of its own policy's ``aggregation.min_sites`` / ``min_threshold``
+    (``context.policy``, a :class:`~fedsec.network.policy.SitePolicy`, when set) and the plan's
+    ``federation.min_sites`` and the threshold the plan implies for that many sites (what the
+    site's policy admitted when it joined). Checked at every aggregation, never only at join."""
+    from fedsec.network.policy import plan_facts
+
+    config = context.config
+    facts = plan_facts(config, min_sites=config.federation.min_sites)
+    sites, threshold = facts.sites_per_round, facts.threshold
+    if context.policy is not None:
+        sites = max(sites, context.policy.min_sites)
+        threshold = max(threshold, context.policy.min_threshold)
+    return sites, threshold
 
 
 class SiteLayer(ABC):
@@ -118,6 +147,12 @@ class SiteLayer(ABC):
     def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
                  weight: int) -> None:
         self.context, self.setup, self.vector, self.weight = context, setup, vector, weight
+        content = np.ascontiguousarray(vector).tobytes() + str(int(weight)).encode()
+        digest = hashlib.sha256(content).hexdigest()
+        key = (repr(setup.get("purpose")), repr(setup.get("round")), digest)  # untrusted: any JSON
+        if key in context.spent:
+            raise ClientAbort(SPENT)
+        context.spent.add(key)
 
     @abstractmethod
     def handle(self, stage: str, message: bytes) -> bytes | None:

@@ -36,6 +36,7 @@ from fedsec.network.layers.base import (
     SiteContext,
     SiteLayer,
     first_message,
+    round_floor,
 )
 from fedsec.network.pki import verify_peer
 from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for
@@ -173,8 +174,10 @@ class MaskingSite(SiteLayer):
         else:
             rng = np.random.default_rng()
         update = purpose == "update"
+        min_ring, min_threshold = round_floor(context)
         policy = ClientPolicy(require_active=s.active, corrupt=s.corrupt, population=len(context.names),
-                              clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None)
+                              clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None,
+                              min_ring=min_ring, min_threshold=min_threshold)
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
                                    update=vector, weight=weight, rng=rng,
                                    signing_key=context.identity if s.active else None, directory=directory,

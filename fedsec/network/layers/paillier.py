@@ -49,6 +49,7 @@ from fedsec.network.layers.base import (
     SiteContext,
     SiteLayer,
     first_message,
+    round_floor,
 )
 from fedsec.network.party_audit import message
 from fedsec.network.pki import verify_peer
@@ -64,6 +65,7 @@ from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
 REGISTER, SUBMIT = "paillier/register", "paillier/submit"
 BAD_SETUP = "the aggregation's setup is malformed"
 BAD_ANNOUNCER = "the announcer's certificate does not verify for the plan's key holder"
+LOW_THRESHOLD = "the key's decryption threshold is below this site's policy or plan"
 BAD_SPEC = "the round spec does not match this site's own encoder"
 PURPOSES = ("update", "statistics")
 
@@ -380,6 +382,10 @@ class PaillierSite(SiteLayer):
             from fedsec.network.layers.paillier_threshold import ThresholdSite
 
             self.impl = ThresholdSite(context, setup, self.encoding)
+        # only sums of >= the key's threshold of submissions are decrypted: that threshold, signed
+        # in the announcement, must meet the site's policy and the plan (min_threshold)
+        if self.impl.client_threshold() < round_floor(context)[1]:
+            raise ClientAbort(LOW_THRESHOLD)
 
     def handle(self, stage: str, message: bytes) -> bytes | None:
         return self.impl.handle(stage, message)
@@ -401,6 +407,10 @@ class KeyHolderSite:
             raise ClientAbort(BAD_SETUP)
         SITE_CLIENTS[key] = held
         self.held, self.registration, self.encoding = held, registration, encoding
+
+    def client_threshold(self) -> int:
+        """The decryption threshold of the announced key (submissions per decrypted sum)."""
+        return int(self.held.client.threshold)
 
     def handle(self, stage: str, message: bytes) -> bytes | None:
         if stage == REGISTER:

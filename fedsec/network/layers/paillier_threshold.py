@@ -228,6 +228,10 @@ class ThresholdSite:
             held = SITE_CLIENTS[key] = SiteClient(client, welcomed=True)
         self.client = held.client
 
+    def client_threshold(self) -> int:
+        """The dealt key's decryption threshold (shares per decryption)."""
+        return int(self.client.threshold)
+
     def handle(self, stage: str, message: bytes) -> bytes | None:
         if stage == HELLO:
             last = self.endorsements.last_sequence(self.dealt.share.public_key.key_id)

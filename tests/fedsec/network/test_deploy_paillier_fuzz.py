@@ -71,6 +71,7 @@ def test_the_honest_setup_and_spec_give_a_submission(world):
     """The search below starts from a setup that works (so its refusals are the lies' doing)."""
     service, coordinator, context, valid = world
     layer.SITE_CLIENTS.clear()
+    context.spent.clear()  # a fresh site process (each example hands the layer the same contribution)
     site = layer.PaillierSite(context, setup=valid, vector=np.zeros(LENGTH, np.float32), weight=3)
     welcome = service.handle(coordinator, REGISTER, site.handle(layer.REGISTER, b""))
     raw = valid_spec(1).to_bytes()
@@ -89,6 +90,7 @@ def test_a_lying_coordinator_gets_a_refusal_or_a_submission_under_the_sites_own_
         world, changes, flips, spec_change, weight, data):
     service, coordinator, context, valid = world
     layer.SITE_CLIENTS.clear()
+    context.spent.clear()  # a fresh site process (each example hands the layer the same contribution)
     setup = {**valid, **changes}
     announcement = bytearray(bytes.fromhex(valid["announcement"]))
     for position, xor in flips:

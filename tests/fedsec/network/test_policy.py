@@ -29,7 +29,7 @@ STRICT = SitePolicy(aggregation_allowed=("masking",), min_threshold=3, min_sites
                     models_allowed=("logreg",),
                     max_rounds=50)
 GOOD = PlanFacts(aggregation="masking", active=True, sites_per_round=6, threshold=4, dp=True,
-                 reproducible=False, epsilon=1.5, model="logreg", rounds=20)
+                 reproducible=False, epsilon=1.5, model="logreg", rounds=20, delta=1e-5, test_fraction=0.2)
 
 
 def test_site_toml_parsed_and_unknown_or_bad_keys_named(tmp_path):
@@ -64,6 +64,9 @@ def test_site_toml_parsed_and_unknown_or_bad_keys_named(tmp_path):
     ({"reproducible": True}, "dp.reproducible"),
     ({"epsilon": 2.5}, "dp.max_epsilon_run"),
     ({"epsilon": math.inf}, "dp.max_epsilon_run"),
+    ({"delta": 2e-5}, "dp.max_delta"),
+    ({"delta": 0.5, "epsilon": 0.1}, "dp.max_delta"),
+    ({"test_fraction": 0.95}, "data.max_test_fraction"),
     ({"model": "mlp"}, "models.allowed"),
     ({"rounds": 51}, "rounds.max"),
 ])
@@ -84,6 +87,8 @@ def _oracle(policy: SitePolicy, f: PlanFacts) -> str | None:
         "dp.required": policy.dp_required and not f.dp,
         "dp.reproducible": policy.dp_required and f.reproducible,
         "dp.max_epsilon_run": f.epsilon > policy.max_epsilon_run,
+        "dp.max_delta": f.dp and f.delta > policy.max_delta,
+        "data.max_test_fraction": f.test_fraction > policy.max_test_fraction,
         "models.allowed": f.model not in policy.models_allowed,
         "rounds.max": f.rounds > policy.max_rounds,
     }
@@ -98,12 +103,16 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
                         min_threshold=st.integers(2, 6),
                         min_sites=st.integers(2, 8), require_active=st.booleans(), dp_required=st.booleans(),
                         max_epsilon_run=st.floats(0.5, 4), max_epsilon_lifetime=st.just(100.0),
-                        models_allowed=subsets(MODELS), max_rounds=st.integers(1, 100)),
+                        models_allowed=subsets(MODELS), max_rounds=st.integers(1, 100),
+                        max_delta=st.sampled_from([1e-6, 1e-5, 1e-3]),
+                        max_test_fraction=st.sampled_from([0.1, 0.3, 0.5])),
        facts=st.builds(PlanFacts, aggregation=st.sampled_from(AGGREGATIONS), active=st.booleans(),
                        sites_per_round=st.integers(2, 10), threshold=st.integers(0, 8), dp=st.booleans(),
                        reproducible=st.booleans(),
                        epsilon=st.sampled_from([0.0, 0.5, 1.0, 3.0, 8.0, math.inf]),
-                       model=st.sampled_from(MODELS), rounds=st.integers(1, 200)))
+                       model=st.sampled_from(MODELS), rounds=st.integers(1, 200),
+                       delta=st.sampled_from([1e-7, 1e-5, 1e-4, 0.5]),
+                       test_fraction=st.sampled_from([0.05, 0.2, 0.5, 0.95])))
 def test_a_searching_coordinator_gets_nothing_past_the_policy(policy, facts):
     """Any plan a coordinator can propose: admitted exactly when no rule is broken, and the rule named is
     the first broken one."""
@@ -180,3 +189,28 @@ def test_a_lying_restarting_coordinator_never_overspends(tmp_path_factory, steps
             assert ledger.spent() == pytest.approx(sum(reserved.values())) and ledger.spent() <= 4.0
     finally:
         ledger.close()
+
+
+def test_delta_and_test_fraction_keys_parsed_and_bad_values_named(tmp_path):
+    path = tmp_path / "SITE.toml"
+    path.write_text("[dp]\nmax_delta = 1e-6\n[data]\nmax_test_fraction = 0.3\n")
+    policy = load_policy(path)
+    assert (policy.max_delta, policy.max_test_fraction) == (1e-6, 0.3)
+    assert (SitePolicy().max_delta, SitePolicy().max_test_fraction) == (1e-5, 0.5)
+    for text, key in (("[dp]\nmax_delta = 1.0\n", "dp.max_delta"),
+                      ("[dp]\nmax_delta = 0\n", "dp.max_delta"),
+                      ("[data]\nmax_test_fraction = true\n", "data.max_test_fraction"),
+                      ("[data]\nshare = 0.2\n", "data.share")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=key):
+            load_policy(path)
+
+
+def test_plan_facts_carry_delta_and_test_fraction():
+    config = make_config({"dp.mode": "dpsgd", "dp.delta": 1e-3, "data.test_fraction": 0.4,
+                          "dp.target_epsilon": 2.0})
+    facts = plan_facts(config)
+    assert (facts.delta, facts.test_fraction) == (1e-3, 0.4)
+    with pytest.raises(PolicyRefused) as caught:
+        check_plan(SitePolicy(min_sites=2, min_threshold=2), facts)
+    assert caught.value.rule == "dp.max_delta"
