@@ -272,6 +272,8 @@ class TransportClient:
         self._channel = grpc.secure_channel(address, credentials, options=options)
         self._exchange = self._channel.stream_stream(METHOD)
         self._server_checked = False
+        self.server: Peer | None = None
+        """The server's admitted certificate, once :meth:`check_server` ran (before the first call)."""
 
     def check_server(self, timeout: float = 10.0) -> Peer:
         """Fetch the server's certificate over TLS and admit it (root, role, name, revocation list)."""
@@ -294,6 +296,7 @@ class TransportClient:
         peer = verify_peer(x509.load_der_x509_certificate(der), trust=self.trust, roles=(self.server_role,),
                            roster={self.server_name})
         self._server_checked = True
+        self.server = peer
         return peer
 
     def call(self, topic: str, payload: bytes, *, deadline: float | None = None) -> bytes:
