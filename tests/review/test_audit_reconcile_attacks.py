@@ -110,7 +110,8 @@ def test_a_site_cannot_make_reconcile_accuse_another_site(tmp_path, keys, peers)
     coordinator.close()
     rows = read_events(tmp_path / "logs" / "coordinator" / LOG)
     assert not [e for e in rows if e.action == "ack"]
-    assert [e.payload()["site"] for e in rows if e.action == "misbehaved" and e.stage == "ack"] == ["hospital-d"]
+    misbehaved = [e.payload()["site"] for e in rows if e.action == "misbehaved" and e.stage == "ack"]
+    assert misbehaved == ["hospital-d"]
     mismatches = reconcile_paths(_paths(tmp_path, ["coordinator", "hospital-b"]), coordinator="coordinator")
     accused = [m for m in mismatches if m.actor == "hospital-b"]
     assert not accused, f"reconcile blames the honest site: {[str(m) for m in accused]}"

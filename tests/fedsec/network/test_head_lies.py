@@ -114,8 +114,11 @@ def _coordinator_log(folder, parties, reply, model_digest):
 
 def _honest_site(audit: PartyAudit, server: pki.Peer) -> SimpleNamespace:
     """What :meth:`Site._ack` reads of the site (its log, its server's name and certificate)."""
+    def event(action, details, round_index=None):
+        audit.event(action, round=round_index, details=details)
+
     return SimpleNamespace(audit=audit, server_name="coordinator", client=SimpleNamespace(server=server),
-                           _event=lambda action, details, r=None: audit.event(action, round=r, details=details))
+                           _event=event)
 
 
 @pytest.mark.slow
