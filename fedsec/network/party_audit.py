@@ -63,10 +63,17 @@ def head_problem(head: Any, *, actor: str, fingerprint: str, floor: int) -> str 
 
 
 class PartyAudit:
-    """The audit log ``directory/audit.db`` of the party ``actor``, signed with its identity key."""
+    """The audit log ``directory/audit.db`` of the party ``actor``, signed with its identity key.
+    ``certificate`` (PEM), when given, is written beside it as ``ACTOR.crt``: what
+    ``fedsec audit verify --ca`` binds the log's key to the actor with."""
 
-    def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str) -> None:
+    def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str,
+                 certificate: bytes | None = None) -> None:
         self.actor = actor
+        if certificate is not None:
+            beside = Path(directory) / f"{actor}.crt"
+            if not beside.exists() or beside.read_bytes() != certificate:
+                beside.write_bytes(certificate)
         self._queue: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write, name="audit-writer", daemon=True)
         self._thread.start()

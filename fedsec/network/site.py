@@ -168,7 +168,8 @@ class Site:
         header, plan = envelope.decode(reply)
         sha = hashlib.sha256(plan).hexdigest()
         self.paths.state.mkdir(parents=True, exist_ok=True)
-        self.audit = PartyAudit(self.paths.state, actor=self.name, key=self.identity, run_id=sha[:16])
+        self.audit = PartyAudit(self.paths.state, actor=self.name, key=self.identity, run_id=sha[:16],
+                                certificate=self.paths.cert.read_bytes())
         self._event("connect", {"server": self.server_name, "address": self.address})
         self.audit.sent_then_received(self.server_name, "plan", b"", reply)
         self.say(f"plan sha256 {sha} from {self.server_name} at {self.address}")
