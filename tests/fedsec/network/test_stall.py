@@ -155,3 +155,17 @@ def test_a_header_announcing_the_limit_allocates_only_what_arrives():
     finally:
         tracemalloc.stop()
     assert peak < 4 << 20
+
+
+@pytest.mark.parametrize("kwargs, key", [({"workers": 8}, "workers"),
+                                         ({"read_deadline": 0.0}, "read_deadline"),
+                                         ({"max_calls_per_peer": 0}, "max_calls_per_peer"),
+                                         ({"max_calls_per_peer": True}, "max_calls_per_peer")])
+def test_a_server_too_small_for_its_roster_is_refused(deployment, kwargs, key):
+    from fedsec.network.transport import TransportServer
+
+    d = deployment
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        TransportServer(trust=pki.Trust.load(d.ca), cert_pem=d.coordinator.cert.read_bytes(),
+                        key_pem=d.coordinator.key.read_bytes(), handler=lambda *a: b"",
+                        roster={s.name for s in d.sites}, **kwargs)
