@@ -18,8 +18,13 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "verify", help="check one log's sequence, JSON, hash chain and signatures",
         description="Check one audit log. Exit 0 prints the number of events, the signer and its key "
                     "fingerprint; a broken log exits 4 naming the first bad row and what is wrong; "
-                    "a missing or non-log file exits 2.")
+                    "a missing or non-log file exits 2. With --ca, the log's signing key must also be "
+                    "the identity key that a certificate of that CA binds to the log's actor (the "
+                    "certificate from --cert, else ACTOR.crt beside the log); exit 4 if not.")
     verify.add_argument("path", help="the audit.db file")
+    verify.add_argument("--ca", metavar="CA_CERT", help="the study's CA certificate (ca.crt)")
+    verify.add_argument("--cert", metavar="CERT", help="the signer's certificate (default: ACTOR.crt "
+                                                       "beside the log; only with --ca)")
     show = tools.add_parser("show", help="print a log's events as a table")
     show.add_argument("path", help="the audit.db file")
     show.add_argument("--round", type=int, help="only this round's events")
@@ -40,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         if args.tool == "verify":
-            return _verify(args.path)
+            return _verify(args.path, args.ca, args.cert)
         if args.tool == "show":
             return _show(args.path, args.round, args.json)
         return _reconcile(args.paths, args.coordinator)
@@ -52,11 +57,21 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
 
-def _verify(path: str) -> int:
+def _verify(path: str, ca: str | None, cert: str | None) -> int:
+    from fedsec.audit.log import read_header
+    from fedsec.audit.signer import certificate_beside, check_signer, load_pem
     from fedsec.audit.verify import verify_log
 
+    if cert is not None and ca is None:
+        raise ValueError("--cert: only with --ca")
     ok = verify_log(path)
-    print(f"ok: {ok.events} events, signer {ok.actor}, key fingerprint {ok.fingerprint}, "
+    bound = ""
+    if ca is not None:
+        authority = load_pem(ca, "--ca")
+        leaf = load_pem(cert if cert is not None else certificate_beside(path, ok.actor), "--cert")
+        check_signer(read_header(path), leaf, authority)
+        bound = ", bound to it by the CA's certificate"
+    print(f"ok: {ok.events} events, signer {ok.actor}, key fingerprint {ok.fingerprint}{bound}, "
           f"head {ok.head.hash}")
     return 0
 

@@ -10,8 +10,21 @@ A pure function over verified events. The events it reads (everything else is ig
 * ``epsilon`` with ``{"epsilon": E}`` (optionally ``"party": ACTOR`` when a coordinator keeps a
   ledger per site): a site's epsilon for round r must equal the coordinator's entry for that site
   (or its entry without ``party``) for round r, to a relative 1e-9.
+* ``plan_loaded`` (the coordinator) and ``plan_accepted`` (a site), both with ``{"sha256": HEX}``:
+  every site must have accepted the plan the coordinator loaded, and the same plan as every other
+  site; a coordinator that shows different sites different plans (review finding R7) is listed,
+  naming both parties.
 * ``ack`` (see :meth:`fedsec.audit.log.AuditLog.ack`): the acknowledged row must still be in the
-  acknowledged party's log with the same hash (tail truncation, rewriting).
+  acknowledged party's log with the same hash (tail truncation, rewriting), and the head's key
+  fingerprint must be the one that log is signed with. Nothing is skipped (review finding R9): an
+  ack of seq 0 (an empty log: heads are handed only after messages were exchanged), of a lower row
+  than one acknowledged before, of a party the acknowledging log exchanged no message with, or of
+  a party whose log is not among those given, is listed.
+* ``head_refused`` (a site) and ``misbehaved`` at stage ``ack`` (the coordinator): a party was
+  handed a head that is not its peer's log; listed, naming both.
+
+The logs must be one study's (a site that keeps its audit log across studies has its earlier
+plans and messages listed against a later study's coordinator).
 
 Deployments (issue 13) produce one log per party; ``fedsec run`` produces one log (the
 simulation has no second party whose record could differ), so a run's log is verified, not
@@ -58,7 +71,8 @@ def reconcile(logs: Mapping[str, Sequence[Event]], *, coordinator: str) -> list[
     """
     if coordinator not in logs:
         raise ValueError(f"coordinator: {coordinator!r} is not among the logs {sorted(logs)}")
-    found = [*_messages(logs), *_epsilons(logs, coordinator), *_acks(logs)]
+    found = [*_messages(logs), *_epsilons(logs, coordinator), *_plans(logs, coordinator), *_acks(logs),
+             *_refused_heads(logs)]
     return sorted(found, key=lambda m: (m.actor, m.round if m.round is not None else -1, m.seq, m.what))
 
 
@@ -142,21 +156,97 @@ def _epsilons(logs: Mapping[str, Sequence[Event]], coordinator: str) -> list[Mis
     return found
 
 
+def _plans(logs: Mapping[str, Sequence[Event]], coordinator: str) -> list[Mismatch]:
+    def rows(events: Sequence[Event], action: str) -> list[tuple[int, str]]:
+        return [(e.seq, str(_details(e).get("sha256"))) for e in events if e.action == action]
+
+    loaded = rows(logs[coordinator], "plan_loaded")
+    found = [Mismatch(coordinator, seq, None, f"loaded plan {sha[:16]}, its row {loaded[0][0]} loaded plan "
+                                              f"{loaded[0][1][:16]}")
+             for seq, sha in loaded[1:] if sha != loaded[0][1]]
+    accepted = {actor: rows(events, "plan_accepted") for actor, events in sorted(logs.items())
+                if actor != coordinator}
+    accepted = {actor: plans for actor, plans in accepted.items() if plans}
+    if not accepted:
+        return found
+    first_actor, (first_seq, first_sha) = next((a, plans[0]) for a, plans in accepted.items())
+    for actor, plans in accepted.items():
+        for seq, sha in plans:
+            if loaded and sha != loaded[0][1]:
+                found.append(Mismatch(actor, seq, None, f"accepted plan {sha[:16]}, {coordinator} row "
+                                                        f"{loaded[0][0]} loaded plan {loaded[0][1][:16]}"))
+            if actor != first_actor and sha != first_sha:
+                found.append(Mismatch(actor, seq, None, f"accepted plan {sha[:16]}, {first_actor} row "
+                                                        f"{first_seq} accepted plan {first_sha[:16]}"))
+    if not loaded:
+        found.append(Mismatch(coordinator, 0, None, f"no plan_loaded row, {first_actor} row {first_seq} "
+                                                    f"accepted plan {first_sha[:16]}"))
+    return found
+
+
 def _acks(logs: Mapping[str, Sequence[Event]]) -> list[Mismatch]:
     found = []
     for actor, events in logs.items():
+        talked: set[str] = set()
+        last: dict[str, int] = {}
         for event in events:
+            d = _details(event)
+            if event.action == "send":
+                talked.add(str(d.get("to")))
+            elif event.action == "receive":
+                talked.add(str(d.get("from")))
             if event.action != "ack":
                 continue
+            found.extend(_ack(logs, actor, event, d, talked, last))
+    return found
+
+
+def _ack(logs: Mapping[str, Sequence[Event]], actor: str, event: Event, d: dict[str, Any], talked: set[str],
+         last: dict[str, int]) -> list[Mismatch]:
+    """The mismatches of one ``ack`` row of ``actor``'s log (``talked``: the parties it exchanged a
+    message with before this row; ``last``: the highest row it acknowledged so far, per party)."""
+    peer, seq, digest = str(d.get("actor")), d.get("seq"), d.get("hash")
+    mine = f"{actor} row {event.seq} acknowledged"
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        return [Mismatch(actor, event.seq, event.round, f"acknowledged a malformed head of {peer}")]
+    found = []
+    if peer not in talked:
+        found.append(Mismatch(actor, event.seq, event.round, f"acknowledged a head of {peer}, a party it "
+                                                             f"exchanged no message with"))
+    if seq == 0:
+        found.append(Mismatch(actor, event.seq, event.round, f"acknowledged an empty log (row 0) of {peer}"))
+    if seq < last.get(peer, 0):
+        found.append(Mismatch(actor, event.seq, event.round, f"acknowledged row {seq} of {peer} after its "
+                                                             f"row {last[peer]}"))
+    last[peer] = max(last.get(peer, 0), seq)
+    if peer not in logs:
+        found.append(Mismatch(actor, event.seq, event.round, f"acknowledged row {seq} of {peer}, whose log "
+                                                             f"is not among those reconciled"))
+        return found
+    theirs = logs[peer]
+    if theirs and d.get("fingerprint") != theirs[0].key_fp:
+        found.append(Mismatch(peer, seq, None, f"{mine} a head with key fingerprint "
+                                               f"{str(d.get('fingerprint'))[:16]}..., this log is signed "
+                                               f"by {theirs[0].key_fp[:16]}..."))
+    if seq == 0:
+        return found
+    rows = {e.seq: e for e in theirs}
+    if seq not in rows:
+        found.append(Mismatch(peer, seq, None, f"row missing: {mine} it (tail truncated)"))
+    elif rows[seq].hash != digest:
+        found.append(Mismatch(peer, seq, None, f"hash differs from the one {mine} (log rewritten)"))
+    return found
+
+
+def _refused_heads(logs: Mapping[str, Sequence[Event]]) -> list[Mismatch]:
+    found = []
+    for actor, events in logs.items():
+        for event in events:
             d = _details(event)
-            peer, seq, digest = str(d.get("actor")), int(d.get("seq", 0)), d.get("hash")
-            if peer not in logs or seq == 0:
-                continue
-            rows = {e.seq: e for e in logs[peer]}
-            if seq not in rows:
-                found.append(Mismatch(peer, seq, None, f"row missing: {actor} row {event.seq} "
-                                      f"acknowledged it (tail truncated)"))
-            elif rows[seq].hash != digest:
-                found.append(Mismatch(peer, seq, None, f"hash differs from the one {actor} row "
-                                      f"{event.seq} acknowledged (log rewritten)"))
+            if event.action == "head_refused":
+                found.append(Mismatch(actor, event.seq, event.round, f"refused the head {d.get('from')} "
+                                                                     f"handed it: {d.get('reason')}"))
+            elif event.action == "misbehaved" and event.stage == "ack":
+                found.append(Mismatch(actor, event.seq, event.round, f"{d.get('site')} handed a head that "
+                                                                     f"is not its log: {d.get('reason')}"))
     return found

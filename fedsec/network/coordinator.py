@@ -39,7 +39,7 @@ from fedsec.network import envelope
 from fedsec.network.mailbox import Mailboxes
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.pki import Peer, Trust
-from fedsec.network.transport import TransportServer
+from fedsec.network.transport import DEFAULT_READ_DEADLINE, TransportServer
 from fedsec.secagg.keys import SigningKey
 
 POLL_WAIT = 2.0
@@ -111,10 +111,13 @@ class Hub:
         audit: the coordinator's audit log.
         listen: ``HOST:PORT``.
         poll_wait: seconds an empty poll is held.
+        read_deadline: seconds a site's request may take to arrive; a site that misses it is a
+            dropout (recorded) until it polls again.
     """
 
     def __init__(self, *, config: ExperimentConfig, plan_bytes: bytes, trust: Trust, cert_pem: bytes,
-                 key_pem: bytes, audit: PartyAudit, listen: str, poll_wait: float = POLL_WAIT) -> None:
+                 key_pem: bytes, audit: PartyAudit, listen: str, poll_wait: float = POLL_WAIT,
+                 read_deadline: float = DEFAULT_READ_DEADLINE) -> None:
         self.config, self.plan_bytes = config, plan_bytes
         self.plan_sha256 = hashlib.sha256(plan_bytes).hexdigest()
         self.names = tuple(config.federation.sites)
@@ -140,7 +143,8 @@ class Hub:
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
                                           handler=self.handle, roster=frozenset(self.names), roles=("site",),
-                                          listen=listen, workers=2 * len(self.names) + 4)
+                                          listen=listen, read_deadline=read_deadline,
+                                          on_slow=self._slow)
 
     @property
     def certificates(self) -> Mapping[str, bytes]:
@@ -172,6 +176,13 @@ class Hub:
                     break
                 self._joined.wait(min(left, 1.0))
             return dict(self.sites)
+
+    def _slow(self, peer: Peer) -> None:
+        """A site's request missed the read deadline: a dropout until it polls again (recorded)."""
+        self.absent.add(peer.name)
+        self.audit.event("dropout", round=self.round, stage="transport",
+                         details={"site": peer.name, "reason": f"request not complete within "
+                                                               f"{self.transport.read_deadline:g} s"})
 
     def handle(self, peer: Peer, topic: str, payload: bytes) -> bytes:
         """One call of an admitted site (see the module's table)."""

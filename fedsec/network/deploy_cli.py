@@ -103,7 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     check_out(args.out, force=args.force)
     staging = RunDirectory(args.out, force=args.force)
     sha = hashlib.sha256(plan_bytes).hexdigest()
-    audit = PartyAudit(staging.path, actor=me.name, key=identity, run_id=sha[:16])
+    audit = PartyAudit(staging.path, actor=me.name, key=identity, run_id=sha[:16],
+                       certificate=cert.read_bytes())
     audit.event("plan_loaded", details={"sha256": sha, "sites": list(config.federation.sites)})
     hub = Hub(config=config, plan_bytes=plan_bytes, trust=trust, cert_pem=cert.read_bytes(),
               key_pem=key.read_bytes(), audit=audit, listen=args.listen)

@@ -7,9 +7,11 @@ A payload travels as a header message followed by chunk messages:
     digest = SHA-256(topic length | topic | payload)
     chunk  = the next min(CHUNK_BYTES, remaining) bytes of the payload
 
-The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before reading any
-chunk, a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a digest
-mismatch. TLS already protects the stream against a network attacker; the digest binds the
+The receiver refuses (``MalformedFrame``, a ``ValueError``) a header above its size limit before
+reading any chunk, and allocates nothing on the header's word: its buffer grows with the bytes that
+arrive (never past the announced length), so a peer that announces 256 MiB and sends nothing costs
+nothing. It refuses a chunk longer than ``CHUNK_BYTES``, more or fewer bytes than announced, and a
+digest mismatch. TLS already protects the stream against a network attacker; the digest binds the
 topic to the payload and catches truncation or a bug on either end. No single gRPC message is
 larger than ``CHUNK_BYTES``, so gRPC's message-size limits
 stay small and explicit however large the model.
@@ -71,15 +73,13 @@ def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYL
         raise MalformedFrame("frame header: topic is not UTF-8") from None
     if length > max_payload:
         raise MalformedFrame(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
-    buffer = bytearray(length)
-    filled = 0
+    buffer = bytearray()
     for chunk in stream:
-        if len(chunk) > CHUNK_BYTES or filled + len(chunk) > length:
+        if len(chunk) > CHUNK_BYTES or len(buffer) + len(chunk) > length:
             raise MalformedFrame("frame: more bytes than announced or an oversized chunk")
-        buffer[filled:filled + len(chunk)] = chunk
-        filled += len(chunk)
-    if filled != length:
-        raise MalformedFrame(f"frame: {filled} of {length} announced bytes arrived")
+        buffer += chunk
+    if len(buffer) != length:
+        raise MalformedFrame(f"frame: {len(buffer)} of {length} announced bytes arrived")
     if _digest(header[_FIXED.size:], buffer) != digest:
         raise MalformedFrame("frame: SHA-256 mismatch")
     return topic, bytes(buffer)

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = TransportServer(trust=trust, cert_pem=cert_pem, key_pem=Path(args.key).read_bytes(),
                                  handler=runner.handle, roster={args.coordinator}, roles=("server",),
-                                 listen=args.listen, workers=4)
+                                 listen=args.listen)
     except BaseException:
         runner.close()
         raise

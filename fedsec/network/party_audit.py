@@ -24,7 +24,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from fedsec.audit.log import AuditLog, Head
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from fedsec.audit.log import AuditLog, Head, fingerprint
 from fedsec.secagg.keys import SigningKey
 
 LOG = "audit.db"
@@ -37,14 +39,46 @@ def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, A
             "sha256": hashlib.sha256(payload).hexdigest()}
 
 
-class PartyAudit:
-    """The audit log ``directory/audit.db`` of the party ``actor``, signed with its identity key."""
+def identity_fingerprint(identity_key: ed25519.Ed25519PublicKey) -> str:
+    """The audit-log fingerprint (:func:`fedsec.audit.log.fingerprint`) of a certificate's identity key."""
+    return fingerprint(identity_key.public_bytes_raw())
 
-    def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str) -> None:
+
+def head_problem(head: Any, *, actor: str, fingerprint: str, floor: int) -> str | None:
+    """Why ``head`` (a peer's ``{actor, fingerprint, seq, hash}``) must not be acknowledged as the
+    log of ``actor`` signed by the key of ``fingerprint`` at row ``floor`` or later; None if it may."""
+    if not isinstance(head, dict):
+        return "no head"
+    seq, digest = head.get("seq"), head.get("hash")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(digest, str) or len(digest) != 64:
+        return "malformed head"
+    if head.get("actor") != actor:
+        return f"head names {str(head.get('actor'))[:64]!r}, not {actor!r}"
+    if head.get("fingerprint") != fingerprint:
+        return f"head carries another key's fingerprint than {actor}'s certificate"
+    if seq < floor:
+        return f"head row {seq} is below row {floor}" + (" (an empty log after messages were exchanged)"
+                                                         if seq == 0 else "")
+    return None
+
+
+class PartyAudit:
+    """The audit log ``directory/audit.db`` of the party ``actor``, signed with its identity key.
+    ``certificate`` (PEM), when given, is written beside it as ``ACTOR.crt``: what
+    ``fedsec audit verify --ca`` binds the log's key to the actor with."""
+
+    def __init__(self, directory: str | Path, *, actor: str, key: SigningKey, run_id: str,
+                 certificate: bytes | None = None) -> None:
         self.actor = actor
+        if certificate is not None:
+            beside = Path(directory) / f"{actor}.crt"
+            if not beside.exists() or beside.read_bytes() != certificate:
+                beside.write_bytes(certificate)
         self._queue: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._write, name="audit-writer", daemon=True)
         self._thread.start()
+        self._acked: dict[str, int] = {}
+        self._ack_lock = threading.Lock()
         self.log: AuditLog = self._call(lambda: AuditLog(Path(directory) / LOG, actor=actor, key=key,
                                                          run_id=run_id))
 
@@ -113,6 +147,21 @@ class PartyAudit:
         """This log's head, to hand to a peer (JSON)."""
         h = self._call(self.log.head)
         return {"actor": h.actor, "fingerprint": h.fingerprint, "seq": h.seq, "hash": h.hash}
+
+    def ack_checked(self, head: Any, *, actor: str, fingerprint: str, round: int | None = None) -> str | None:
+        """Acknowledge ``head`` only if it is the log of the party this one talks to (review
+        findings R8, R9): it names ``actor`` (the peer's certificate name), carries ``fingerprint``
+        (the audit fingerprint of the identity key in the peer's certificate), and its ``seq`` is
+        at least 1 (messages were exchanged before any head is handed, so the peer's log is not
+        empty) and not below a head of ``actor`` this object acknowledged before. Returns None when
+        acknowledged, else the reason it was not (nothing is written; the caller records it)."""
+        problem = head_problem(head, actor=actor, fingerprint=fingerprint,
+                               floor=max(1, self._acked.get(actor, 0)))
+        if problem is None:
+            with self._ack_lock:
+                self._acked[actor] = max(self._acked.get(actor, 0), int(head["seq"]))
+            self.ack(head, round=round)
+        return problem
 
     def ack(self, head: dict[str, Any], *, round: int | None = None) -> None:
         """Record a peer's head (see :meth:`AuditLog.ack`); a malformed head is ignored."""

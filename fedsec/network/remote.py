@@ -37,6 +37,7 @@ from fedsec.fl_core.standardize import MIN_STD
 from fedsec.network.coordinator import Hub
 from fedsec.network.envelope import vector_bytes
 from fedsec.network.layers.base import CoordinatorLayer
+from fedsec.network.party_audit import identity_fingerprint
 from fedsec.protocols.errors import ProtocolAbort
 
 
@@ -142,9 +143,16 @@ class RemoteRound(AggregationProtocol):
         return done
 
     def _ack(self, round_index: int, answers: dict[str, tuple[dict[str, Any], bytes]]) -> None:
-        for header, _ in answers.values():
-            if isinstance(header.get("head"), dict):
-                self.hub.audit.ack(header["head"], round=round_index)
+        """Acknowledge each answering site's head if it is that site's log (its certificate's name
+        and identity key, no row below one acknowledged before); else a recorded misbehaviour."""
+        for name, (header, _) in answers.items():
+            peer = self.hub.peers.get(name)
+            problem = ("no certificate on record" if peer is None else
+                       self.hub.audit.ack_checked(header.get("head"), actor=name, round=round_index,
+                                                  fingerprint=identity_fingerprint(peer.identity_key)))
+            if problem is not None:
+                self.hub.audit.event("misbehaved", round=round_index, stage="ack",
+                                     details={"site": name, "reason": problem})
 
 
 class RemoteEvaluator(FederatedEvaluator):

@@ -42,7 +42,7 @@ from fedsec.network import envelope
 from fedsec.network.errors import PeerRejected, PolicyRefused
 from fedsec.network.layers import LAYERS, SiteContext, SiteLayer, split_first
 from fedsec.network.ledger import EpsilonLedger
-from fedsec.network.party_audit import PartyAudit
+from fedsec.network.party_audit import PartyAudit, identity_fingerprint
 from fedsec.network.pki import Trust, verify_peer
 from fedsec.network.policy import SitePolicy, admit_plan
 from fedsec.network.site_state import SiteState
@@ -172,7 +172,8 @@ class Site:
         header, plan = envelope.decode(reply)
         sha = hashlib.sha256(plan).hexdigest()
         self.paths.state.mkdir(parents=True, exist_ok=True)
-        self.audit = PartyAudit(self.paths.state, actor=self.name, key=self.identity, run_id=sha[:16])
+        self.audit = PartyAudit(self.paths.state, actor=self.name, key=self.identity, run_id=sha[:16],
+                                certificate=self.paths.cert.read_bytes())
         self._event("connect", {"server": self.server_name, "address": self.address})
         self.audit.sent_then_received(self.server_name, "plan", b"", reply)
         self.say(f"plan sha256 {sha} from {self.server_name} at {self.address}")
@@ -211,11 +212,20 @@ class Site:
         self._event("plan_accepted", {"sha256": sha, "epsilon_reserved": total})
         accepted = self.call("accept", envelope.encode({"sha256": sha, **self.work.report()}))
         answer, _ = envelope.decode(accepted)
-        if isinstance(answer.get("head"), dict):
-            self.audit.ack(answer["head"])
+        self._ack(answer.get("head"), None)
         self.say(f"accepted as client {self.work.client_id} of {len(config.federation.sites)}; "
                  f"{self.work.report()['n_train']} training and {self.work.report()['n_test']} test records")
         return self._jobs(config, sha, state)
+
+    def _ack(self, head: Any, round_index: int | None) -> None:
+        """Acknowledge the coordinator's head only if it is its server's log (name and identity key
+        of the certificate it dialled, a row >= 1 and not below one acknowledged before); else
+        record ``head_refused`` (``fedsec audit reconcile`` lists it)."""
+        assert self.audit is not None and self.client.server is not None
+        problem = self.audit.ack_checked(head, actor=self.server_name, round=round_index,
+                                         fingerprint=identity_fingerprint(self.client.server.identity_key))
+        if problem is not None:
+            self._event("head_refused", {"from": self.server_name, "reason": problem}, round_index)
 
     def _check(self, plan: bytes, sha: str, ledger: EpsilonLedger) -> ExperimentConfig:
         try:
@@ -280,8 +290,7 @@ class Site:
                             self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
                             self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
                             return EXIT_REFUSED
-                    if isinstance(header.get("head"), dict):
-                        self.audit.ack(header["head"], round=round_index)
+                    self._ack(header.get("head"), round_index)
                     count = state.contribute(sha, envelope.field(header, "round", int),
                                              max_rounds=config.rounds)
                     answer.update(self.work.train(header, body))

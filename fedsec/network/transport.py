@@ -19,6 +19,13 @@ federation's root and their own certificate and key:
 
 Every call has a deadline (seconds); every gRPC message is at most ``MESSAGE_MAX`` bytes, and a
 payload at most ``max_payload`` bytes (checked from the header before any chunk is read).
+
+An enrolled peer cannot hold the server (review finding R6): the server reads each request under
+its own ``read_deadline`` (a request whose chunks have not all arrived by then is cancelled and the
+peer reported to ``on_slow``), admits at most ``max_calls_per_peer`` calls in flight per peer name
+(the excess is refused with ``RESOURCE_EXHAUSTED`` at once, before any chunk is read), and runs
+``max_calls_per_peer`` threads per roster name plus spare ones for refusals, so one peer holding
+all its calls leaves every other peer its own threads.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import logging
 import socket
 import ssl
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -41,6 +49,12 @@ from fedsec.network.pki import Peer, Trust, dns_name, verify_peer
 SERVICE = "fedsec.v1.Transport"
 METHOD = f"/{SERVICE}/Exchange"
 DEFAULT_DEADLINE = 60.0
+DEFAULT_READ_DEADLINE = 60.0
+"""Seconds a server waits for a whole request (header and chunks) to arrive."""
+DEFAULT_CALLS_PER_PEER = 4
+"""Calls one peer name may have in flight at once (a site makes one at a time, plus a retry)."""
+SPARE_WORKERS = 4
+"""Server threads beyond ``max_calls_per_peer`` per roster name (they refuse excess calls)."""
 Handler = Callable[[Peer, str, bytes], bytes]
 """``handler(peer, topic, payload) -> reply``: what a server does with one admitted call."""
 _log = logging.getLogger(__name__)
@@ -75,20 +89,43 @@ class TransportServer:
         roles: client roles admitted, e.g. ``("site",)`` or ``("site", "keyholder")``.
         listen: ``HOST:PORT``; port 0 picks a free one (see :attr:`port` after :meth:`start`).
         max_payload: largest request payload in bytes.
-        workers: threads serving calls concurrently.
+        workers: threads serving calls concurrently (``None``: ``max_calls_per_peer`` per roster
+            name plus :data:`SPARE_WORKERS`; 8 without a roster). With a roster it must be at least that.
+        read_deadline: seconds, > 0, a request's header and chunks may take to arrive; a slower
+            request is cancelled and its peer passed to ``on_slow``.
+        max_calls_per_peer: calls in flight per peer name, >= 1; more get ``RESOURCE_EXHAUSTED``.
+        on_slow: ``on_slow(peer)``, called (once per dropped request) when a request missed
+            ``read_deadline``.
     """
 
     def __init__(self, *, trust: Trust, cert_pem: bytes, key_pem: bytes, handler: Handler,
                  roster: frozenset[str] | set[str] | None, roles: tuple[str, ...] = ("site",),
                  listen: str = "127.0.0.1:0", max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 workers: int = 8) -> None:
+                 workers: int | None = None, read_deadline: float = DEFAULT_READ_DEADLINE,
+                 max_calls_per_peer: int = DEFAULT_CALLS_PER_PEER,
+                 on_slow: Callable[[Peer], None] | None = None) -> None:
         if not roles:
             raise ValueError("roles: at least one client role must be admitted")
+        if not read_deadline > 0:
+            raise ValueError("read_deadline: must be > 0 seconds")
+        if isinstance(max_calls_per_peer, bool) or not isinstance(max_calls_per_peer, int) \
+                or max_calls_per_peer < 1:
+            raise ValueError("max_calls_per_peer: must be an integer >= 1")
         self.trust = trust
         self.handler = handler
         self.roster = None if roster is None else frozenset(roster)
         self.roles = tuple(roles)
         self.max_payload = max_payload
+        self.read_deadline, self.max_calls_per_peer, self.on_slow = read_deadline, max_calls_per_peer, on_slow
+        needed = 8 if self.roster is None else max_calls_per_peer * len(self.roster) + SPARE_WORKERS
+        if workers is None:
+            workers = needed
+        elif self.roster is not None and workers < needed:
+            raise ValueError(f"workers: {workers} cannot serve {max_calls_per_peer} calls for each of "
+                             f"{len(self.roster)} peers (need >= {needed})")
+        self.workers = workers
+        self._in_flight: dict[str, int] = {}
+        self._slots = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                    options=_options(max_payload))
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
@@ -128,12 +165,71 @@ class TransportServer:
             code = (grpc.StatusCode.UNAUTHENTICATED if error.reason in PeerRejected.UNAUTHENTICATED
                     else grpc.StatusCode.PERMISSION_DENIED)
             context.abort(code, "rejected")
+        if not self._take_slot(peer.name):
+            _log.warning("%s has %d calls in flight: refused one more", peer.name, self.max_calls_per_peer)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls in flight")
         try:
-            topic, payload = reassemble(requests, max_payload=self.max_payload)
+            served = self._serve(peer, requests, context)
+        finally:
+            self._release_slot(peer.name)
+        if served is not None:
+            yield from frames(*served)
+
+    def _take_slot(self, name: str) -> bool:
+        with self._slots:
+            if self._in_flight.get(name, 0) >= self.max_calls_per_peer:
+                return False
+            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+            return True
+
+    def _release_slot(self, name: str) -> None:
+        with self._slots:
+            self._in_flight[name] -= 1
+            if not self._in_flight[name]:
+                del self._in_flight[name]
+
+    def in_flight(self, name: str) -> int:
+        """Calls of ``name`` being served now."""
+        with self._slots:
+            return self._in_flight.get(name, 0)
+
+    def _read(self, peer: Peer, requests: Iterator[bytes],
+              context: grpc.ServicerContext) -> tuple[str, bytes] | None:
+        """The request, or None when it missed :attr:`read_deadline` (the call is cancelled)."""
+        late = threading.Event()
+
+        def expire() -> None:
+            late.set()
+            context.cancel()
+
+        timer = threading.Timer(self.read_deadline, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return reassemble(requests, max_payload=self.max_payload)
+        except (grpc.RpcError, MalformedFrame):
+            if not late.is_set():  # a cancelled call's stream may raise or just end: either way late
+                raise
+        finally:
+            timer.cancel()
+        _log.warning("%s: request not complete within %.3g s: dropped", peer.name, self.read_deadline)
+        if self.on_slow is not None:
+            self.on_slow(peer)
+        return None
+
+    def _serve(self, peer: Peer, requests: Iterator[bytes],
+               context: grpc.ServicerContext) -> tuple[str, bytes] | None:
+        try:
+            request = self._read(peer, requests, context)
+            if request is None:
+                return None
+            topic, payload = request
             reply = self.handler(peer, topic, payload)
         except ValueError as error:
             _log.warning("malformed message from %s: %s", peer.name, error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
+        except grpc.RpcError:
+            return None  # the peer cancelled its call
         except Exception as error:
             from fedsec.protocols.errors import ClientAbort, ProtocolAbort
 
@@ -141,7 +237,7 @@ class TransportServer:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             _log.exception("handler failed on a call from %s", peer.name)
             context.abort(grpc.StatusCode.INTERNAL, "failed")
-        yield from frames(topic, reply)
+        return topic, reply
 
 
 class TransportClient:
@@ -176,6 +272,8 @@ class TransportClient:
         self._channel = grpc.secure_channel(address, credentials, options=options)
         self._exchange = self._channel.stream_stream(METHOD)
         self._server_checked = False
+        self.server: Peer | None = None
+        """The server's admitted certificate, once :meth:`check_server` ran (before the first call)."""
 
     def check_server(self, timeout: float = 10.0) -> Peer:
         """Fetch the server's certificate over TLS and admit it (root, role, name, revocation list)."""
@@ -198,6 +296,7 @@ class TransportClient:
         peer = verify_peer(x509.load_der_x509_certificate(der), trust=self.trust, roles=(self.server_role,),
                            roster={self.server_name})
         self._server_checked = True
+        self.server = peer
         return peer
 
     def call(self, topic: str, payload: bytes, *, deadline: float | None = None) -> bytes:

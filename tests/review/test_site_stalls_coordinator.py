@@ -31,9 +31,6 @@ N = 4
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="FINDING R6: one enrolled site holding 2n+4 half-sent calls starves "
-                                        "the coordinator's thread pool; honest sites time out and the "
-                                        "attacker is never a dropout")
 def test_a_site_holding_half_sent_calls_does_not_stall_the_others(tmp_path):
     d = demo.prepare(tmp_path / "d", N, rounds=2)
     plan = d.plan.read_bytes()

@@ -51,7 +51,7 @@ from fedsec.network.layers.base import (
     first_message,
     round_floor,
 )
-from fedsec.network.party_audit import message
+from fedsec.network.party_audit import identity_fingerprint, message
 from fedsec.network.pki import verify_peer
 from fedsec.network.transport import TransportError
 from fedsec.protocols.encoding import encoder_for
@@ -347,15 +347,22 @@ class KeyHolderCustody(_Custody):
 
     def _acknowledge(self, round_index: int | None) -> None:
         """Record the key holder's log head in the coordinator's log (its tail cannot be dropped
-        unnoticed); a failed status call only skips it."""
+        unnoticed) if it names the key holder's certificate and identity key, row >= 1 and not below
+        an earlier ack (else ``misbehaved`` at stage ``ack``); a failed status call only skips it."""
         if self.context.audit is None:
             return
         try:
             head = self._client.status().get("head")
         except (TransportError, MalformedFrame, ValueError):
             return
-        if isinstance(head, dict):
-            self.context.audit.ack(head, round=round_index)
+        server = self._client.transport.server
+        if server is None:
+            return
+        problem = self.context.audit.ack_checked(head, actor=server.name, round=round_index,
+                                                 fingerprint=identity_fingerprint(server.identity_key))
+        if problem is not None:
+            self.context.audit.event("misbehaved", round=round_index, stage="ack",
+                                     details={"site": server.name, "reason": problem})
 
     def _decrypt(self, request: bytes) -> bytes:
         try:
