@@ -173,7 +173,8 @@ def test_sigterm_stops_a_site_with_0_and_the_coordinator_with_130_state_flushed(
     d = demo.prepare(tmp_path / "d", 3, rounds=2)
     with federation(d) as running:
         site = running.join(0)
-        wait_for_event(d.state(0) / "audit.db", "plan_accepted", None)
+        # the site acknowledges the coordinator's head once its accept was answered: joined there too
+        wait_for_event(d.state(0) / "audit.db", "ack", None)
         site.send_signal(signal.SIGTERM)
         assert site.wait(timeout=60) == 0
         running.coordinator.send_signal(signal.SIGTERM)
