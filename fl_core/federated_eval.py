@@ -173,6 +173,29 @@ def metrics_from_sums(sums: np.ndarray, *, n_classes: int, max_error: float = 0.
     return result
 
 
+
+def sum_evaluations(protocol: AggregationProtocol, round_index: int, updates: Sequence[ClientUpdate], *,
+                    n_classes: int, max_error: float, attempts: int = ATTEMPTS) -> dict[str, float]:
+    """Sum the sites' evaluation vectors through ``protocol`` (``purpose="statistics"``) and return
+    the federation's metrics plus ``eval_sites`` and ``eval_upload_bytes``; an aborted or clipped
+    sum is retried up to ``attempts`` times in all (>= 1), then the metrics are NaN and
+    ``eval_sites`` is 0. A deployment passes 1: its sites never contribute one vector twice."""
+    failed = {"accuracy": math.nan, "loss": math.nan, "eval_sites": 0.0}
+    if not updates:
+        return failed
+    for _ in range(attempts):
+        try:
+            result = protocol.aggregate(round_index, updates, purpose="statistics")
+            if result.metrics.get("clipped", 0) > 0:
+                raise AggregationError("evaluation sums exceed the protocol's statistics range")
+            metrics = metrics_from_sums(result.weighted_sum, n_classes=n_classes, max_error=max_error)
+        except AggregationError:
+            continue
+        metrics["eval_sites"] = float(len(result.participants))
+        metrics["eval_upload_bytes"] = float(result.upload_bytes)
+        return metrics
+    return failed
+
 class FederatedEvaluator(RoundObserver):
     """The server loop's ``evaluator=``: each site evaluates on its own split, the protocol sums.
 
@@ -224,20 +247,8 @@ class FederatedEvaluator(RoundObserver):
         the metrics are NaN and ``eval_sites`` is 0."""
         updates = [ClientUpdate(k, local_evaluation(model, t, n_classes=self.n_classes), 1.0)
                    for k, t in enumerate(tests)]
-        failed = {"accuracy": math.nan, "loss": math.nan, "eval_sites": 0.0}
-        for _ in range(ATTEMPTS):
-            try:
-                result = self.protocol.aggregate(round_index, updates, purpose="statistics")
-                if result.metrics.get("clipped", 0) > 0:
-                    raise AggregationError("evaluation sums exceed the protocol's statistics range")
-                metrics = metrics_from_sums(result.weighted_sum, n_classes=self.n_classes,
-                                            max_error=self.max_error)
-            except AggregationError:
-                continue
-            metrics["eval_sites"] = float(len(result.participants))
-            metrics["eval_upload_bytes"] = float(result.upload_bytes)
-            return metrics
-        return failed
+        return sum_evaluations(self.protocol, round_index, updates, n_classes=self.n_classes,
+                               max_error=self.max_error)
 
     def __call__(self, model: nn.Module, test: ArrayDataset) -> dict[str, float]:
         if not self._observed:

@@ -19,7 +19,6 @@ order, so a reproducible plan gives the simulation's history.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ from fedsec.fl_core.aggregation import AggregateResult, AggregationProtocol, Cli
 from fedsec.fl_core.client import LocalResult, Strategy
 from fedsec.fl_core.data import ArrayDataset
 from fedsec.fl_core.errors import AggregationError
-from fedsec.fl_core.federated_eval import ATTEMPTS, FederatedEvaluator, metrics_from_sums, sums_length
+from fedsec.fl_core.federated_eval import FederatedEvaluator, sum_evaluations, sums_length
 from fedsec.fl_core.parameters import get_vector
 from fedsec.fl_core.standardize import ATTEMPTS as MOMENT_ATTEMPTS
 from fedsec.fl_core.standardize import MIN_STD
@@ -171,22 +170,10 @@ class RemoteEvaluator(FederatedEvaluator):
         length = sums_length(self.n_classes)
         updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0)
                    for k, n in enumerate(names) if n in answers]
-        failed = {"accuracy": math.nan, "loss": math.nan, "eval_sites": 0.0}
-        if not updates:
-            return failed
-        for _ in range(ATTEMPTS):
-            try:
-                result = self.protocol.aggregate(round_index, updates, purpose="statistics")
-                if result.metrics.get("clipped", 0) > 0:
-                    raise AggregationError("evaluation sums exceed the protocol's statistics range")
-                metrics = metrics_from_sums(result.weighted_sum, n_classes=self.n_classes,
-                                            max_error=self.max_error)
-            except AggregationError:
-                continue
-            metrics["eval_sites"] = float(len(result.participants))
-            metrics["eval_upload_bytes"] = float(result.upload_bytes)
-            return metrics
-        return failed
+        # one attempt: a site contributes its evaluation vector to one aggregation only (a retry
+        # would be refused), so an aborted evaluation leaves the round's metrics blank
+        return sum_evaluations(self.protocol, round_index, updates, n_classes=self.n_classes,
+                               max_error=self.max_error, attempts=1)
 
 
 def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, deadline: float,
