@@ -31,7 +31,6 @@ from fedsec.fl_core.data import ArrayDataset
 from fedsec.fl_core.errors import AggregationError
 from fedsec.fl_core.federated_eval import FederatedEvaluator, sum_evaluations, sums_length
 from fedsec.fl_core.parameters import get_vector
-from fedsec.fl_core.standardize import ATTEMPTS as MOMENT_ATTEMPTS
 from fedsec.fl_core.standardize import MIN_STD
 from fedsec.network.coordinator import Hub
 from fedsec.network.envelope import vector_bytes
@@ -193,13 +192,9 @@ def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, de
                    for k, n in enumerate(names) if n in answers]
         if not updates:
             raise AggregationError("no site computed its feature statistics in time")
-        for attempt in range(MOMENT_ATTEMPTS):
-            try:
-                result = protocol.aggregate(0, updates, purpose="statistics")
-                break
-            except AggregationError:
-                if attempt == MOMENT_ATTEMPTS - 1:
-                    raise
+        # one attempt: each site answers each stage of the moments once per run (a retry would be
+        # refused), so an aborted sum ends the set-up with the AggregationError
+        result = protocol.aggregate(0, updates, purpose="statistics")
         if result.metrics.get("clipped", 0) > 0:
             raise AggregationError("feature statistics exceed the aggregation protocol's range")
         return result.weighted_sum / result.total_weight, result.upload_bytes
