@@ -33,6 +33,7 @@ aggregations. A restarted site registers again.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -209,15 +210,17 @@ class PaillierCoordinator(CoordinatorLayer):
                      "contributions": float(words[-1])})
 
 
-class _Custody:
-    """One custody's rounds: ``run`` returns (summed words, participants, upload bytes, site
-    aborts, rejected submissions) or raises ProtocolAbort; ``why`` says why a site is not in it."""
+class _Custody(ABC):
+    """One custody's rounds (key holder or threshold): ``run`` returns (summed words, participants,
+    upload bytes, site aborts, rejected submissions) or raises ProtocolAbort; ``why`` says why a
+    site is not in it."""
 
     why: dict[int, str]
 
+    @abstractmethod
     def run(self, *, ids: list[int], length: int, word_bound: int, setup: dict[str, Any],
             seeds: dict[int, int]) -> tuple[np.ndarray, list[int], int, int, int]:
-        raise NotImplementedError
+        """Run one aggregation of ``ids`` in this custody."""
 
 
 class KeyHolderCustody(_Custody):
