@@ -32,6 +32,7 @@ from fedsec.fl_core.errors import AggregationError
 from fedsec.fl_core.federated_eval import FederatedEvaluator, sum_evaluations, sums_length
 from fedsec.fl_core.parameters import get_vector
 from fedsec.fl_core.standardize import MIN_STD
+from fedsec.network.client_noise import noise_rule
 from fedsec.network.coordinator import Hub
 from fedsec.network.envelope import vector_bytes
 from fedsec.network.layers.base import CoordinatorLayer
@@ -84,6 +85,24 @@ class RemoteRound(AggregationProtocol):
         self.name = layer.name
         self.evaluation: RemoteRound | None = None
         """The evaluation's own round over its own layer instance (set by the coordinator)."""
+        self.client_noise: Any = None
+        """Set by :class:`~fedsec.protocols.privacy.ClientLevelDP` for one update (client-level DP):
+        its share object carries the run's client-noise stream; the shares themselves are drawn at
+        the sites, by the rule of :mod:`fedsec.network.client_noise`."""
+        self.noise_multiplier: float | None = None
+        """The calibrated noise multiplier the sites were sent (client-level DP)."""
+
+    @property
+    def max_weight(self) -> int:
+        return self.layer.context.max_weight
+
+    @property
+    def bits(self) -> int:
+        return self.layer.context.config.secure.bits
+
+    @property
+    def clip(self) -> float:
+        return self.layer.context.config.secure.clip
 
     def min_contributions(self, n: int) -> int:
         return self.layer.min_contributions(n)
@@ -98,12 +117,20 @@ class RemoteRound(AggregationProtocol):
             updates = [u for u in updates if int(u.client_id) in trained]
             if not updates:
                 raise ProtocolAbort("no site trained before the deadline")
+        noisy = purpose == "update" and self.client_noise is not None
+        if noisy:
+            if not hasattr(self.layer, "client_noise") or self.noise_multiplier is None:
+                raise ProtocolAbort(f"the {self.layer.name} layer carries no client-level noise")
+            rule = noise_rule(self.layer.context.config, self.noise_multiplier, int(updates[0].vector.size))
+            self.layer.client_noise = (rule, self.client_noise.random)
         try:
             return self.layer.aggregate(round_index, updates, purpose=purpose)
         except ProtocolAbort as abort:
             self.hub.audit.event("abort", round=round_index, stage=purpose, details={"reason": str(abort)})
             raise
         finally:
+            if noisy:
+                self.layer.client_noise = None
             self._record(round_index, purpose)
 
     def _record(self, round_index: int, purpose: str) -> None:

@@ -60,12 +60,15 @@ class SiteLedgers:
 
         self.audit, self.budgets = audit, {}
         privacy, p = experiment.privacy, experiment.config.dp
-        if privacy is None or privacy.trainer is None:
+        if privacy is None:
             return
         for name, info in sites.items():
+            # client level: every site's round is the run's one profile (the plan's Skellam event)
+            profiles = ([privacy.trainer.events(info.n_train)] if privacy.trainer is not None
+                        else privacy.budget.profiles)
             self.budgets[name] = PrivacyBudget(
-                profiles=[privacy.trainer.events(info.n_train)], delta=p.delta, target_epsilon=0.0,
-                accountant=p.accountant, unit="example", noise_multiplier=privacy.noise_multiplier)
+                profiles=profiles, delta=p.delta, target_epsilon=0.0, accountant=p.accountant,
+                unit=privacy.unit, noise_multiplier=privacy.noise_multiplier)
 
     def trained(self, round_index: int, names: list[str]) -> None:
         for name in names:
@@ -147,6 +150,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     held["ledgers"] = SiteLedgers(experiment, sites, hub.audit)
     if experiment.privacy is not None:
         hub.noise_multiplier = float(experiment.privacy.noise_multiplier)
+        held["round"].noise_multiplier = hub.noise_multiplier
     remote: RemoteRound = held["round"]
     remote.evaluation = held.get("evaluation")
     return experiment, remote

@@ -69,8 +69,8 @@ def deployment_problem(config: ExperimentConfig) -> tuple[str, str] | None:
         return "data.columns", "a deployment plan lists the feature columns (each site checks its file)"
     if config.secure.aggregation not in LAYERS:
         return "secure.aggregation", f"deployed layers: {', '.join(LAYERS)}"
-    if config.dp.mode == "client":
-        return "dp.mode", "client-level DP is not deployed yet (use dpsgd or none)"
+    if config.dp.mode == "client" and config.secure.aggregation != "masking":
+        return "dp.mode", "client-level DP is deployed over masking only (secure.aggregation = 'masking')"
     if config.train.algorithm not in ("fedavg", "fedprox", "fedsgd"):
         return "train.algorithm", "deployed: fedavg, fedprox, fedsgd"
     return None
@@ -290,6 +290,7 @@ class Site:
                             self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
                             self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
                             return EXIT_REFUSED
+                        context.client_noise = self.work.client_noise
                     self._ack(header.get("head"), round_index)
                     count = state.contribute(sha, envelope.field(header, "round", int),
                                              max_rounds=config.rounds)

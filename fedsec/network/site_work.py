@@ -35,9 +35,11 @@ from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
 from fedsec.fl_core.federated_eval import local_evaluation
 from fedsec.fl_core.parameters import set_vector
+from fedsec.network.client_noise import ClientNoise
 from fedsec.network.envelope import MalformedEnvelope, field, vector_from
 from fedsec.network.errors import PolicyRefused
 from fedsec.protocols.errors import ClientAbort
+from fedsec.protocols.privacy.client_level import clip_update
 
 EPSILON_TOLERANCE = 1e-6
 """Relative slack when a site checks the plan's epsilon with the coordinator's noise multiplier."""
@@ -51,6 +53,17 @@ class Contribution:
     weight: int
     kind: str = "update"
     """What produced it: ``update``, ``evaluation``, ``moments-1`` or ``moments-2``."""
+
+
+def _check_noise(noise_multiplier: Any) -> None:
+    """Refuse (``dp.noise``) a noise multiplier that is missing, not a finite positive number, or
+    below the Gaussian sampler's floor."""
+    if (isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float)
+            or not math.isfinite(noise_multiplier) or noise_multiplier <= 0):
+        raise PolicyRefused("dp.noise", "the coordinator sent no valid noise multiplier")
+    if noise_multiplier < MIN_NOISE_MULTIPLIER:
+        raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} is below "
+                                        f"{MIN_NOISE_MULTIPLIER:g}, the Gaussian sampler's floor")
 
 
 class MemoryRecord:
@@ -85,6 +98,8 @@ class SiteWork:
         self.epsilon: float | None = None
         self.strategy: fl_core.Strategy | None = None
         self.privacy: Any = None
+        self.client_noise: ClientNoise | None = None
+        """Client-level DP: the noise rule built from the noise multiplier this site checked."""
         self._moment_mean: np.ndarray | None = None
         torch.set_num_threads(1)
         self.model = fl_core.build_model(config.model.name, input_shape=self.input_shape,
@@ -107,45 +122,65 @@ class SiteWork:
                 "input_shape": list(self.input_shape), "n_classes": self.n_classes}
 
     def start(self, *, noise_multiplier: Any) -> None:
-        """Build the strategy; under DP-SGD with the coordinator's noise multiplier, which must
-        keep this site's own epsilon over the plan's rounds within ``dp.target_epsilon``.
+        """Build the strategy; under DP (DP-SGD or client level) with the coordinator's noise
+        multiplier, which must keep this site's own epsilon over the plan's rounds within
+        ``dp.target_epsilon`` (client level: the plan's Skellam round of
+        :func:`~fedsec.protocols.privacy.client_level.distributed_round_event`, unit ``client``).
 
         Raises:
             PolicyRefused: ``dp.noise`` (missing, or too small a noise multiplier).
         """
         from fedsec.experiment import build_strategy, local_trainer
-        from fedsec.privacy import PrivacySettings, build_privacy_layer
+        from fedsec.privacy import PrivacySettings, PrivacySetup, build_privacy_layer
 
         config = self.config
         trainer = local_trainer(config)
         weighting = "samples"
+        if config.dp.mode in ("dpsgd", "client"):
+            _check_noise(noise_multiplier)
         if config.dp.mode == "dpsgd":
-            if (isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float)
-                    or not math.isfinite(noise_multiplier) or noise_multiplier <= 0):
-                raise PolicyRefused("dp.noise", "the coordinator sent no valid noise multiplier")
-            if noise_multiplier < MIN_NOISE_MULTIPLIER:
-                raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} is below "
-                                                f"{MIN_NOISE_MULTIPLIER:g}, the Gaussian sampler's floor")
             settings = dataclasses.replace(PrivacySettings.from_config(config),
                                            noise_multiplier=float(noise_multiplier))
             own = fl_core.FederatedDataset(name="site", clients=(self.train_data,), test=self.test_data,
                                            n_classes=self.n_classes, input_shape=self.input_shape,
                                            standardize=False)
             self.privacy = build_privacy_layer(settings, own, fl_core.PlainAggregation(), self.length)
-            budget = self.privacy.budget
-            target = config.dp.target_epsilon
-            if target > 0:
-                probe = type(budget)(profiles=budget.profiles, delta=budget.delta, target_epsilon=0.0,
-                                     accountant=config.dp.accountant, unit="example",
-                                     noise_multiplier=budget.noise_multiplier)
-                for r in range(1, config.rounds + 1):
-                    probe.charge(r)
-                if probe.spent > target * (1 + EPSILON_TOLERANCE):
-                    raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} gives this site "
-                                                    f"epsilon {probe.spent:.4g} over {config.rounds} rounds, "
-                                                    f"above the plan's {target:g}")
+            self._check_epsilon(self.privacy.budget, noise_multiplier)
             trainer, weighting = self.privacy.trainer, self.privacy.weighting
-        self.strategy = build_strategy(config, trainer, weighting=weighting)
+        elif config.dp.mode == "client":
+            from fedsec.network.client_noise import noise_rule
+            from fedsec.protocols.privacy import PrivacyBudget
+            from fedsec.protocols.privacy.client_level import distributed_round_event
+
+            s, p = config.secure, config.dp
+            event = distributed_round_event(float(noise_multiplier), bits=s.bits, length=self.length,
+                                            clip_ratio=p.max_grad_norm / s.clip)
+            budget = PrivacyBudget(profiles=[[event]], delta=p.delta, target_epsilon=p.target_epsilon,
+                                   accountant=p.accountant, unit="client",
+                                   noise_multiplier=float(noise_multiplier))
+            self._check_epsilon(budget, noise_multiplier)
+            self.privacy = PrivacySetup("client", float(noise_multiplier), budget, weighting="equal",
+                                        zero_on_failure=True)
+            self.client_noise = noise_rule(config, float(noise_multiplier), self.length)
+            weighting = "equal"
+        strategy = build_strategy(config, trainer, weighting=weighting)
+        self.strategy = fl_core.ZeroOnFailure(strategy) if config.dp.mode == "client" else strategy
+
+    def _check_epsilon(self, budget: Any, noise_multiplier: float) -> None:
+        """Refuse a noise multiplier that takes this site past the plan's epsilon over its rounds."""
+        config = self.config
+        target = config.dp.target_epsilon
+        if target <= 0:
+            return
+        probe = type(budget)(profiles=budget.profiles, delta=budget.delta, target_epsilon=0.0,
+                             accountant=config.dp.accountant, unit=budget.unit,
+                             noise_multiplier=budget.noise_multiplier)
+        for r in range(1, config.rounds + 1):
+            probe.charge(r)
+        if probe.spent > target * (1 + EPSILON_TOLERANCE):
+            raise PolicyRefused("dp.noise", f"noise multiplier {noise_multiplier:g} gives this site "
+                                            f"epsilon {probe.spent:.4g} over {config.rounds} rounds, "
+                                            f"above the plan's {target:g}")
 
     def train(self, header: dict[str, Any], body: bytes) -> dict[str, Any]:
         """Local training for the job's round; returns what the answer adds (the noise stream's
@@ -173,7 +208,10 @@ class SiteWork:
             local = self.strategy.client_update(self.model, vector, self.train_data, rng=rng)
         except NonFiniteError:
             raise ClientAbort("nonfinite") from None
-        self.pending = Contribution("update", round_index, local.vector, int(local.weight))
+        vector, weight = local.vector, int(local.weight)
+        if self.client_noise is not None:  # client level: clipped to S, weight 1 (the simulation's)
+            vector, weight = clip_update(vector, self.config.dp.max_grad_norm), 1
+        self.pending = Contribution("update", round_index, vector, weight)
         extra: dict[str, Any] = {}
         if self.privacy is not None:
             self.privacy.budget.charge(round_index)

@@ -72,6 +72,16 @@ def sensitivity(bits: int, length: int, clip_ratio: float = 1.0) -> tuple[float,
     return min(math.sqrt(length) * l2, l2 * l2), l2
 
 
+def distributed_round_event(noise_multiplier: float, *, bits: int, length: int,
+                            clip_ratio: float) -> SkellamEvent:
+    """What one released round of distributed client-level noise costs: a Skellam mechanism of
+    total variance mu = (z D2)^2 for the (L1, L2) :func:`sensitivity` of an update of ``length``
+    values (``clip_ratio`` = S / c <= 1). The simulation's :class:`ClientLevelDP` and a deployed
+    site (which recomputes it from its own copy of the plan) both account it with this."""
+    l1, l2 = sensitivity(bits, length, clip_ratio)
+    return SkellamEvent(l1, l2, (noise_multiplier * l2) ** 2, 1)
+
+
 class ClientLevelDP(AggregationProtocol):
     """Clip each update to ``clip_norm``, weight it 1, and make the released sum noisy.
 
@@ -110,8 +120,8 @@ class ClientLevelDP(AggregationProtocol):
         """What one released round of ``length`` values costs."""
         if self.central:
             return [GaussianEvent(self.noise_multiplier, 1.0, 1)]
-        l1, l2 = self._sensitivity(length)
-        return [SkellamEvent(l1, l2, (self.noise_multiplier * l2) ** 2, 1)]
+        return [distributed_round_event(self.noise_multiplier, bits=self.inner.bits, length=length,
+                                        clip_ratio=self.clip_norm / self.inner.clip)]
 
     def _sensitivity(self, length: int) -> tuple[float, float]:
         return sensitivity(self.inner.bits, length, self.clip_norm / self.inner.clip)
@@ -120,7 +130,7 @@ class ClientLevelDP(AggregationProtocol):
                   purpose: Purpose = "update") -> AggregateResult:
         if purpose != "update":
             return self.inner.aggregate(round_index, updates, purpose=purpose)
-        clipped = [ClientUpdate(u.client_id, _clip(u.vector, self.clip_norm), 1.0) for u in updates]
+        clipped = [ClientUpdate(u.client_id, clip_update(u.vector, self.clip_norm), 1.0) for u in updates]
         if self.central:
             result = self.inner.aggregate(round_index, clipped)
             noise = self.random.normal(result.weighted_sum.size, self.noise_multiplier * self.clip_norm)
@@ -147,7 +157,9 @@ class ClientLevelDP(AggregationProtocol):
                                upload_bytes=result.upload_bytes, metrics=metrics)
 
 
-def _clip(vector: np.ndarray, bound: float) -> np.ndarray:
+def clip_update(vector: np.ndarray, bound: float) -> np.ndarray:
+    """``vector`` scaled to L2 norm at most ``bound`` (float32; a non-finite or non-array value is
+    returned as is, for the protocol to reject)."""
     if not isinstance(vector, np.ndarray) or not np.isfinite(vector).all():
         return vector  # the inner protocol rejects it and says so
     wide = vector.astype(np.float64)

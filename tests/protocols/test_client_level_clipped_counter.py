@@ -13,7 +13,7 @@ from fedsec.dp import SecureRandom
 from fedsec.fl_core.aggregation import ClientUpdate
 from fedsec.protocols.masked import MaskedAggregation
 from fedsec.protocols.privacy import ClientLevelDP
-from fedsec.protocols.privacy.client_level import _clip
+from fedsec.protocols.privacy.client_level import clip_update
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -52,7 +52,7 @@ def test_the_clipped_counter_does_not_depend_on_one_clients_update(layer_name):
                      elements=st.floats(-1e6, 1e6, width=32, allow_nan=False)),
        bound=st.sampled_from([0.1, 1.0, 10.0, 3.7]))
 def test_a_clipped_update_never_exceeds_s_after_float32_rounding(vector, bound):
-    clipped = _clip(vector, bound)
+    clipped = clip_update(vector, bound)
     assert clipped.dtype == np.float32
     norm = float(np.linalg.norm(clipped.astype(np.float64)))
     original = float(np.linalg.norm(vector.astype(np.float64)))

@@ -103,6 +103,10 @@ class SiteContext:
             SHA-256 of vector and weight): a second setup handing a layer the same contribution
             is refused whatever session id or sequence number it carries. (The site's own,
             durable rule is :meth:`~fedsec.network.site_work.SiteWork.contribution`'s.)
+        client_noise: under ``dp.mode = "client"``, the site's
+            :class:`~fedsec.network.client_noise.ClientNoise` (built from the noise multiplier it
+            checked against its own epsilon); None until then, and a layer asked to sum an update
+            without it refuses.
     """
 
     config: ExperimentConfig
@@ -115,6 +119,7 @@ class SiteContext:
     state: Path | None = None
     spent: set[tuple[str, str, str]] = field(default_factory=set)
     policy: Any = None
+    client_noise: Any = None
 
 
 def round_floor(context: SiteContext) -> tuple[int, int]:

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives import serialization
 
+from fedsec.dp import SecureRandom
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
+from fedsec.network.client_noise import ClientNoise, share_stream
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
     CoordinatorContext,
@@ -39,16 +41,19 @@ from fedsec.network.layers.base import (
     round_floor,
 )
 from fedsec.network.pki import verify_peer
-from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for
+from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
 from fedsec.protocols.masked.graph import shuffled_ring
-from fedsec.protocols.masked.messages import SESSION_BYTES
+from fedsec.protocols.masked.messages import SESSION_BYTES, SessionParams, decode
+from fedsec.protocols.privacy.client_level import SkellamShares
 from fedsec.secagg.errors import SecAggError
 
 BAD_SETUP = "the aggregation's setup is malformed"
 BAD_CERTIFICATE = "a relayed certificate does not verify for its roster name"
 NOT_OURS = "the ring's entry for this site does not carry its own identity key"
+NO_NOISE = "client-level DP without a noise share this site checked"
+NARROW_WORDS = "the session's words leave no room for this site's noise share"
 PURPOSES = ("update", "statistics")
 
 
@@ -72,6 +77,11 @@ class MaskingCoordinator(CoordinatorLayer):
                                        reproducible=self.reproducible, tolerated_corrupt=s.corrupt,
                                        population=len(context.names))
         self.last_misbehaved: dict[int, str] = {}
+        self.client_noise: tuple[ClientNoise, SecureRandom] | None = None
+        """Client-level DP, set for one update by :class:`~fedsec.network.remote.RemoteRound`: the
+        noise rule and the run's client-noise stream (the sites draw the shares; this side only
+        widens the words, subtracts the shifts and, under ``dp.reproducible``, replays the
+        simulation's draws to tell each site where its share starts in the seeded stream)."""
         self.protocol_bytes: dict[int, list[int]] = {}
         """``client -> [bytes it sent, bytes it was sent]``: the protocol's own messages (what the
         simulation's in-memory transport counts), without the framework's setup and envelopes."""
@@ -88,8 +98,12 @@ class MaskingCoordinator(CoordinatorLayer):
         n = len(ids)
         degree, threshold = self.rules.parameters(n)
         length = int(updates[0].vector.size)
+        noise = None
+        if purpose == "update" and self.client_noise is not None:
+            rule, stream = self.client_noise
+            noise = rule.shares(threshold, stream)
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=ctx.max_weight, clip=s.clip,
-                              bits=s.bits)
+                              bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
         graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
         session = os.urandom(SESSION_BYTES)
@@ -111,8 +125,9 @@ class MaskingCoordinator(CoordinatorLayer):
                 if first:
                     setup = {"layer": self.name, "purpose": purpose, "round": round_index,
                              "session": session.hex(), "certificates": certificates}
+                    offsets = self._noise_offsets(list(outgoing), noise, length)
                     outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if self.reproducible
-                                                              else {})}, m)
+                                                              else {}), **offsets.get(c, {})}, m)
                                 for c, m in outgoing.items()}
                     first = False
                 replies = ctx.exchange(stage, outgoing)
@@ -129,7 +144,7 @@ class MaskingCoordinator(CoordinatorLayer):
             self.last_misbehaved = server.misbehaved
         self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
                              for c in ids if c not in set(survivors)}
-        weighted, total_weight, clipped = encoder.decode(total)
+        weighted, total_weight, clipped = encoder.decode(remove_offsets(total, len(survivors), noise))
         in_sum = set(survivors)
         return AggregateResult(
             weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
@@ -138,6 +153,19 @@ class MaskingCoordinator(CoordinatorLayer):
                      "misbehaved": float(len(server.misbehaved)),
                      "client_aborts": float(len([c for c in ids if c not in answered])),
                      "secagg_degree": float(degree), "secagg_threshold": float(threshold)})
+
+    def _noise_offsets(self, order: list[int], noise: SkellamShares | None,
+                       length: int) -> dict[int, dict[str, int]]:
+        """Under ``dp.reproducible`` client-level DP, each site's position in the seeded noise
+        stream: the simulation's clients draw their shares one after another in the order of the
+        server's first messages, so this side replays those draws (nothing else)."""
+        if noise is None or not self.reproducible:
+            return {}
+        offsets = {}
+        for c in order:
+            offsets[c] = {"noise": int(noise.random.state_dict()["offset"])}
+            noise.draw(length)
+        return offsets
 
     def _directory(self, ids: list[int]) -> dict[int, bytes]:
         ctx = self.context
@@ -178,10 +206,21 @@ class MaskingSite(SiteLayer):
         policy = ClientPolicy(require_active=s.active, corrupt=s.corrupt, population=len(context.names),
                               clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None,
                               min_ring=min_ring, min_threshold=min_threshold)
+        self.noise: tuple[ClientNoise, SecureRandom] | None = None
+        self.shares: SkellamShares | None = None
+        """Client-level DP: this site's noise share, once the session's threshold is known."""
+        if update and config.dp.mode == "client":
+            if context.client_noise is None:
+                raise ClientAbort(NO_NOISE)
+            offset = setup.get("noise", 0) if config.dp.reproducible else None
+            if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+                raise ClientAbort(BAD_SETUP)
+            self.noise = (context.client_noise, share_stream(config, offset))
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
                                    update=vector, weight=weight, rng=rng,
                                    signing_key=context.identity if s.active else None, directory=directory,
-                                   policy=policy, sessions=context.sessions)
+                                   policy=policy, sessions=context.sessions,
+                                   noise=self._draw if self.noise is not None else None)
 
     def _directory(self, certificates: dict[str, Any]) -> dict[int, bytes]:
         ctx, directory = self.context, {}
@@ -199,4 +238,27 @@ class MaskingSite(SiteLayer):
         return directory
 
     def handle(self, stage: str, message: bytes) -> bytes | None:
+        if self.noise is not None and self.shares is None:
+            self._share_for(message)
         return self.client.handle(message)
+
+    def _share_for(self, message: bytes) -> None:
+        """The share for the session's threshold t (which this site's client checks against its
+        floor before it draws, and enforces at unmasking): variance mu / t. A message that is not
+        the session's parameters is left to the client, which refuses it."""
+        try:
+            _, params = decode(message, expect=SessionParams)
+        except MalformedMessage:
+            return
+        if params.threshold < 1:  # refused by the client before it draws
+            return
+        assert self.noise is not None
+        rule, stream = self.noise
+        self.shares = rule.shares(params.threshold, stream)
+        if params.word_slack < self.shares.slack:
+            raise ClientAbort(NARROW_WORDS)
+
+    def _draw(self, length: int) -> np.ndarray:
+        if self.shares is None:
+            raise ClientAbort(NO_NOISE)
+        return self.shares.draw(length)
