@@ -8,6 +8,12 @@ when :meth:`EpsilonLedger.reserve` returns. Reserving the same run again (a coor
 resending the same plan) charges nothing more; a new plan is a new charge. Nothing is ever
 refunded: a run that stops early has still been admitted at its full budget, so neither lying
 about rounds nor restarting lets a coordinator spend more than the cap.
+
+Each reservation records its privacy unit: ``example`` (DP-SGD: one record) or ``client``
+(client-level DP: the site's whole contribution). One cap covers both: a client-level epsilon
+also bounds what the run reveals about any one record, so the sum over both units is an upper
+bound on the site's record-level lifetime epsilon (:meth:`EpsilonLedger.spent_by_unit` tells them
+apart). A ledger written before units were recorded reads its rows as ``example``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from fedsec.network.errors import PolicyRefused
 from fedsec.state.durable import open_durable
 
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS reservations (run_id TEXT PRIMARY KEY, epsilon REAL NOT NULL, "
-           "reserved_at TEXT NOT NULL)")
+           "reserved_at TEXT NOT NULL, unit TEXT NOT NULL DEFAULT 'example')")
+UNITS = ("example", "client")
 _TOLERANCE = 1e-9
 
 
@@ -40,39 +47,51 @@ class EpsilonLedger:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "ledger.db"
         self._db = open_durable(self.path, schema=_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(reservations)")}
+        if "unit" not in columns:  # a ledger from before units were recorded
+            self._db.execute("ALTER TABLE reservations ADD COLUMN unit TEXT NOT NULL DEFAULT 'example'")
 
     def spent(self) -> float:
         """Total epsilon reserved by every run so far."""
         return float(self._db.execute("SELECT COALESCE(SUM(epsilon), 0) FROM reservations").fetchone()[0])
+
+    def spent_by_unit(self) -> dict[str, float]:
+        """Epsilon reserved so far per privacy unit (``example``, ``client``)."""
+        return {u: float(e) for u, e in
+                self._db.execute("SELECT unit, SUM(epsilon) FROM reservations GROUP BY unit ORDER BY unit")}
 
     def runs(self) -> list[tuple[str, float, str]]:
         """Every reservation as ``(run_id, epsilon, reserved_at ISO-8601 UTC)``, oldest first."""
         return [(r, float(e), t) for r, e, t in
                 self._db.execute("SELECT run_id, epsilon, reserved_at FROM reservations ORDER BY rowid")]
 
-    def reserve(self, run_id: str, epsilon: float, *, dry_run: bool = False) -> float:
-        """Reserve ``epsilon`` (>= 0, finite) for ``run_id``; returns the lifetime total after it.
+    def reserve(self, run_id: str, epsilon: float, *, unit: str = "example", dry_run: bool = False) -> float:
+        """Reserve ``epsilon`` (>= 0, finite) for ``run_id`` in privacy ``unit`` (``example`` or
+        ``client``); returns the lifetime total (both units) after it.
 
         With ``dry_run`` the same checks run and nothing is written.
 
         Raises:
             PolicyRefused: ``dp.max_epsilon_lifetime`` when the total would exceed the cap, or
-                ``dp.ledger`` when ``run_id`` was reserved before at a different epsilon.
-            ValueError: an empty ``run_id`` or a bad ``epsilon``.
+                ``dp.ledger`` when ``run_id`` was reserved before at a different epsilon or unit.
+            ValueError: an empty ``run_id`` or an unknown ``unit``.
         """
         if not run_id or not isinstance(run_id, str):
             raise ValueError("run_id: must be a non-empty string")
+        if unit not in UNITS:
+            raise ValueError(f"unit: must be one of {', '.join(UNITS)}, got {unit!r}")
         if not (isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon >= 0):
             raise PolicyRefused("dp.max_epsilon_lifetime", f"the run's epsilon {epsilon} is not a finite "
                                                            f"number >= 0")
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            row = self._db.execute("SELECT epsilon FROM reservations WHERE run_id = ?", (run_id,)).fetchone()
+            row = self._db.execute("SELECT epsilon, unit FROM reservations WHERE run_id = ?",
+                                   (run_id,)).fetchone()
             total = self.spent()
             if row is not None:
-                if abs(float(row[0]) - epsilon) > _TOLERANCE:
-                    raise PolicyRefused("dp.ledger", f"run {run_id} was admitted at epsilon {row[0]:g}, "
-                                                     f"not {epsilon:g}")
+                if abs(float(row[0]) - epsilon) > _TOLERANCE or row[1] != unit:
+                    raise PolicyRefused("dp.ledger", f"run {run_id} was admitted at epsilon {row[0]:g} "
+                                                     f"({row[1]} level), not {epsilon:g} ({unit} level)")
             elif total + epsilon > self.lifetime_cap + _TOLERANCE:
                 raise PolicyRefused("dp.max_epsilon_lifetime",
                                     f"this site has spent epsilon {total:g} of its lifetime "
@@ -80,9 +99,10 @@ class EpsilonLedger:
                                     f"the run needs {epsilon:g}")
             else:
                 if not dry_run:
-                    self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at) "
-                                     "VALUES (?, ?, ?)",
-                                     (run_id, float(epsilon), dt.datetime.now(dt.timezone.utc).isoformat()))
+                    self._db.execute("INSERT INTO reservations (run_id, epsilon, reserved_at, unit) "
+                                     "VALUES (?, ?, ?, ?)",
+                                     (run_id, float(epsilon), dt.datetime.now(dt.timezone.utc).isoformat(),
+                                      unit))
                 total += epsilon
         except BaseException:
             self._db.execute("ROLLBACK")

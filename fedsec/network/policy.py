@@ -173,6 +173,8 @@ class PlanFacts:
         rounds: the number of rounds.
         delta: the plan's ``dp.delta`` (the delta its epsilons are stated at; 0 without DP).
         test_fraction: the plan's ``data.test_fraction`` (held out, evaluated without DP).
+        unit: the privacy unit its epsilon is stated in: ``client`` (``dp.mode = "client"``: a
+            site's whole contribution) or ``example`` (DP-SGD: one record; also without DP).
     """
 
     aggregation: str
@@ -186,6 +188,7 @@ class PlanFacts:
     rounds: int
     delta: float = 0.0
     test_fraction: float = 0.0
+    unit: str = "example"
 
 
 def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> PlanFacts:
@@ -220,7 +223,8 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
     return PlanFacts(aggregation=secure.aggregation, active=secure.aggregation != "masking" or secure.active,
                      sites_per_round=sites, threshold=threshold, dp=uses_dp, reproducible=dp.reproducible,
                      epsilon=epsilon, model=config.model.name, rounds=config.rounds,
-                     delta=dp.delta if uses_dp else 0.0, test_fraction=config.data.test_fraction)
+                     delta=dp.delta if uses_dp else 0.0, test_fraction=config.data.test_fraction,
+                     unit="client" if dp.mode == "client" else "example")
 
 
 def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
@@ -272,5 +276,5 @@ def admit_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *, ledger
     """
     facts = plan if isinstance(plan, PlanFacts) else plan_facts(plan, min_sites=min_sites)
     check_plan(policy, facts)
-    ledger.reserve(run_id, facts.epsilon, dry_run=dry_run)
+    ledger.reserve(run_id, facts.epsilon, unit=facts.unit, dry_run=dry_run)
     return facts

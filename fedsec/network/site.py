@@ -69,8 +69,6 @@ def deployment_problem(config: ExperimentConfig) -> tuple[str, str] | None:
         return "data.columns", "a deployment plan lists the feature columns (each site checks its file)"
     if config.secure.aggregation not in LAYERS:
         return "secure.aggregation", f"deployed layers: {', '.join(LAYERS)}"
-    if config.dp.mode == "client" and config.secure.aggregation != "masking":
-        return "dp.mode", "client-level DP is deployed over masking only (secure.aggregation = 'masking')"
     if config.train.algorithm not in ("fedavg", "fedprox", "fedsgd"):
         return "train.algorithm", "deployed: fedavg, fedprox, fedsgd"
     return None

@@ -40,8 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from fedsec.dp import SecureRandom
 from fedsec.fl_core import clients_per_round
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
+from fedsec.network.client_noise import ClientNoise, share_stream
 from fedsec.network.errors import MalformedFrame, PeerRejected
 from fedsec.network.keyholder import raw_identity
 from fedsec.network.layers.base import (
@@ -55,10 +57,11 @@ from fedsec.network.layers.base import (
 from fedsec.network.party_audit import identity_fingerprint, message
 from fedsec.network.pki import verify_peer
 from fedsec.network.transport import TransportError
-from fedsec.protocols.encoding import encoder_for
+from fedsec.protocols.encoding import encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
+from fedsec.protocols.privacy.client_level import SkellamShares
 from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
 from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
@@ -68,6 +71,7 @@ BAD_SETUP = "the aggregation's setup is malformed"
 BAD_ANNOUNCER = "the announcer's certificate does not verify for the plan's key holder"
 LOW_THRESHOLD = "the key's decryption threshold is below this site's policy or plan"
 BAD_SPEC = "the round spec does not match this site's own encoder"
+NO_NOISE = "client-level DP without a noise share this site checked"
 PURPOSES = ("update", "statistics")
 
 
@@ -139,26 +143,41 @@ class SiteEncoding:
         if self.purpose not in PURPOSES:
             raise ClientAbort(BAD_SETUP)
         self.clients = int_field(setup, "clients", 1, len(context.names))
-        max_weight = int_field(setup, "max_weight", 1, 1 << 40)
+        self.max_weight = max_weight = int_field(setup, "max_weight", 1, 1 << 40)
         if not 1 <= weight <= max_weight:
             raise ClientAbort(BAD_SETUP)
-        try:
-            self.encoder = encoder_for(self.purpose, clients=self.clients, length=int(vector.size),
-                                       max_weight=max_weight, clip=s.clip, bits=s.bits)
-        except (ProtocolAbort, SecAggError, ValueError):
-            raise ClientAbort(BAD_SETUP) from None
+        self.noise: SkellamShares | None = None
+        self.encoder = self._encoder(s.clip, s.bits, int(vector.size))
         if context.config.dp.reproducible:
             self.rng = np.random.default_rng(int_field(setup, "seed", 0, 2**63 - 1))
         else:
             self.rng = np.random.default_rng()
         self.vector, self.weight = vector, weight
 
+    def _encoder(self, clip: float, bits: int, length: int) -> Any:
+        try:
+            return encoder_for(self.purpose, clients=self.clients, length=length, max_weight=self.max_weight,
+                               clip=clip, bits=bits, noise=self.noise)
+        except (ProtocolAbort, SecAggError, ValueError):
+            raise ClientAbort(BAD_SETUP) from None
+
+    def add_noise(self, context: SiteContext, noise: SkellamShares) -> None:
+        """Client-level DP: add ``noise`` (this site's share) to the update's words; the encoder's
+        words widen by its room, as the coordinator's do."""
+        self.noise = noise
+        s = context.config.secure
+        self.encoder = self._encoder(s.clip, s.bits, int(self.vector.size))
+
     def words(self, spec: RoundSpec) -> np.ndarray:
-        """The encoded words, after checking the spec is the one this encoder implies."""
+        """The encoded words (with this site's noise share under client-level DP), after checking
+        the spec is the one this encoder implies."""
         if (spec.word_bound != self.encoder.word_bound or spec.length != self.vector.size + 3
                 or spec.max_contributions != self.clients):
             raise ClientAbort(BAD_SPEC)
-        return self.encoder.encode(self.vector.astype(np.float64), self.weight, rng=self.rng).words
+        words = self.encoder.encode(self.vector.astype(np.float64), self.weight, rng=self.rng).words
+        if self.noise is not None:
+            words[:-2] += self.noise.draw(int(self.vector.size)).astype(words.dtype)
+        return words
 
 
 class PaillierCoordinator(CoordinatorLayer):
@@ -175,6 +194,10 @@ class PaillierCoordinator(CoordinatorLayer):
             from fedsec.network.layers.paillier_threshold import ThresholdCustody
 
             self.custody = ThresholdCustody(context, self.threshold)
+        self.client_noise: tuple[ClientNoise, SecureRandom] | None = None
+        """Client-level DP, set for one update by :class:`~fedsec.network.remote.RemoteRound` (see
+        :class:`~fedsec.network.layers.masking.MaskingCoordinator`): the sites draw shares of
+        variance mu / t for the key's decryption threshold t."""
 
     def min_contributions(self, n: int) -> int:
         return self.threshold
@@ -187,11 +210,23 @@ class PaillierCoordinator(CoordinatorLayer):
             self.last_dropped = {c: "aborted" for c in ids}
             raise ProtocolAbort(f"{len(ids)} valid clients; only sums of >= {self.threshold} are decrypted")
         length = int(updates[0].vector.size)
+        noise = None
+        if purpose == "update" and self.client_noise is not None:
+            rule, stream = self.client_noise
+            noise = rule.shares(self.threshold, stream)
         encoder = encoder_for(purpose, clients=len(ids), length=length, max_weight=ctx.max_weight,
-                              clip=s.clip, bits=s.bits)
+                              clip=s.clip, bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
         setup = {"layer": self.name, "custody": s.custody, "purpose": purpose, "round": round_index,
                  "clients": len(ids), "max_weight": ctx.max_weight}
+        if noise is not None and ctx.config.dp.reproducible:
+            # the simulation's clients draw their shares one after another in this order: replay
+            # those draws to tell each site where its share starts in the seeded stream
+            offsets = {}
+            for c in ids:
+                offsets[str(c)] = int(noise.random.state_dict()["offset"])
+                noise.draw(length)
+            setup["noise"] = offsets
         try:
             words, participants, upload, aborts, rejected = self.custody.run(
                 ids=ids, length=length, word_bound=encoder.word_bound, setup=setup,
@@ -199,7 +234,7 @@ class PaillierCoordinator(CoordinatorLayer):
         except ProtocolAbort:
             self.last_dropped = {c: "aborted" for c in ids}
             raise
-        weighted, total_weight, clipped = encoder.decode(words[:-1])
+        weighted, total_weight, clipped = encoder.decode(remove_offsets(words[:-1], int(words[-1]), noise))
         in_sum = set(participants)
         self.last_dropped = {c: self.custody.why.get(c, "no answer before a stage deadline, or aborted")
                              for c in ids if c not in in_sum}
@@ -394,8 +429,22 @@ class PaillierSite(SiteLayer):
             self.impl = ThresholdSite(context, setup, self.encoding)
         # only sums of >= the key's threshold of submissions are decrypted: that threshold, signed
         # in the announcement, must meet the site's policy and the plan (min_threshold)
-        if self.impl.client_threshold() < round_floor(context)[1]:
+        threshold = self.impl.client_threshold()
+        if threshold < round_floor(context)[1]:
             raise ClientAbort(LOW_THRESHOLD)
+        if self.encoding.purpose == "update" and context.config.dp.mode == "client":
+            # client level: a share of variance mu / t for that threshold t, so every decrypted sum
+            # (>= t submissions) carries at least mu, whatever the coordinator claims
+            if context.client_noise is None:
+                raise ClientAbort(NO_NOISE)
+            offset = None
+            if context.config.dp.reproducible:
+                offsets = setup.get("noise")
+                offset = offsets.get(str(context.client_id)) if isinstance(offsets, dict) else None
+                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                    raise ClientAbort(BAD_SETUP)
+            self.encoding.add_noise(context, context.client_noise.shares(
+                threshold, share_stream(context.config, offset)))
 
     def handle(self, stage: str, message: bytes) -> bytes | None:
         return self.impl.handle(stage, message)
