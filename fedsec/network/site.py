@@ -14,7 +14,9 @@ Order of a site's first calls, and what stops it:
    ``site.db``, and ``accept`` tells the coordinator its sizes (public under the plan's unit).
 4. with its first training job, the noise multiplier the coordinator calibrated (from every
    site's size): the site recomputes its own epsilon over the plan's rounds with it and refuses
-   (``dp.noise``, exit 3) one that would exceed the plan's ``dp.target_epsilon``.
+   (``dp.noise``, exit 3) one that would exceed the plan's ``dp.target_epsilon`` (under
+   ``dp.mode = "client"`` with the client-level accountant; the site then clips each update,
+   weights it 1 and its layer adds a noise share: :mod:`fedsec.network.client_noise`).
 
 Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
 rounds than the plan's, is refused), and its epsilon is entered in the audit log. Each pending

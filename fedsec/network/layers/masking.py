@@ -17,6 +17,9 @@ bytes. What the deployment adds:
   plan gives the simulation's sums. Only under ``dp.reproducible`` does a site use the seed it is
   sent; otherwise it rounds with its own OS-seeded generator and the ring is shuffled by the OS
   CSPRNG.
+- client-level DP (``dp.mode = "client"``): a site adds a Skellam share of variance mu / t to
+  its update's words, t being the session's threshold its own client checks and enforces
+  (:mod:`fedsec.network.client_noise`); the coordinator widens the words and subtracts the shifts.
 """
 
 from __future__ import annotations
