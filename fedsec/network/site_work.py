@@ -35,7 +35,7 @@ from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
 from fedsec.fl_core.federated_eval import local_evaluation
 from fedsec.fl_core.parameters import set_vector
-from fedsec.network.client_noise import ClientNoise
+from fedsec.network.client_noise import ClientNoise, noise_rule
 from fedsec.network.envelope import MalformedEnvelope, field, vector_from
 from fedsec.network.errors import PolicyRefused
 from fedsec.protocols.errors import ClientAbort
@@ -148,7 +148,6 @@ class SiteWork:
             self._check_epsilon(self.privacy.budget, noise_multiplier)
             trainer, weighting = self.privacy.trainer, self.privacy.weighting
         elif config.dp.mode == "client":
-            from fedsec.network.client_noise import noise_rule
             from fedsec.protocols.privacy import PrivacyBudget
             from fedsec.protocols.privacy.client_level import distributed_round_event
 
