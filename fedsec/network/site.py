@@ -16,8 +16,10 @@ Order of a site's first calls, and what stops it:
    site's size): the site recomputes its own epsilon over the plan's rounds with it and refuses
    (``dp.noise``, exit 3) one that would exceed the plan's ``dp.target_epsilon``.
 
-Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
-rounds than the plan's, is refused), and its epsilon is entered in the audit log. Each pending
+Every train job is recorded in ``site.db`` before the site trains (more rounds than the plan's,
+or a round whose update already went into an aggregation, is refused; a round whose update no
+setup consumed is trained again for a resumed coordinator, charged once), and its epsilon is
+entered in the audit log. Each pending
 contribution (update, evaluation sums, feature moments) goes into at most one aggregation: the
 first layer setup naming it consumes it in ``site.db`` (see :mod:`fedsec.network.site_work`), and
 the layer is given the site's policy, whose ``min_sites``/``min_threshold`` it enforces at every
@@ -290,11 +292,16 @@ class Site:
                             self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
                             self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
                             return EXIT_REFUSED
+                        if self.work.privacy is not None:  # a restarted site: the rounds it trained
+                            for done in state.contributed(sha):
+                                self.work.privacy.budget.charge(done)
                     self._ack(header.get("head"), round_index)
-                    count = state.contribute(sha, envelope.field(header, "round", int),
-                                             max_rounds=config.rounds)
+                    train_round = envelope.field(header, "round", int)
+                    again = train_round in state.contributed(sha)
+                    count = state.contribute(sha, train_round, max_rounds=config.rounds)
                     answer.update(self.work.train(header, body))
-                    self._event("contribution", {"count": count}, round_index)
+                    self._event("contribution", {"count": count, **({"retrain": True} if again else {})},
+                                round_index)
                     if self.work.epsilon is not None:
                         self._event("epsilon", {"epsilon": self.work.epsilon}, round_index)
                     answer["head"] = self.audit.head()
