@@ -213,7 +213,10 @@ class Hub:
             header, _ = envelope.decode(payload)
             job = envelope.field(header, "job", int)
             round_index = self.job_rounds.get(job)
-            self.mailboxes.answer(peer.name, job, payload)
+            if not self.mailboxes.answer(peer.name, job, payload):
+                # withdrawn after its deadline, or a job of an earlier incarnation of this coordinator
+                self.audit.event("answer_ignored", round=round_index,
+                                 details={"site": peer.name, "job": job})
             self.absent.discard(peer.name)
             following = self.mailboxes.poll(peer.name, self.poll_wait)
             reply = following[1] if following is not None else envelope.encode({"kind": "wait"})
