@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -297,8 +298,10 @@ class Hub:
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Tell every site the run is over (with the released model's digest)."""
-        text = json.dumps({k: summary.get(k) for k in ("rounds_run", "stop_reason", "model_sha256",
-                                                        "final_accuracy", "epsilon")}, default=str)
+        keys = ("rounds_run", "stop_reason", "model_sha256", "final_accuracy", "epsilon")
+        # a last round without metrics (its evaluation aborted) has NaN accuracy: sent as null
+        text = json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k in keys for v in (summary.get(k),)}, default=str)
         for name in self.sites:
             self.mailboxes.post(name, *self.job("done", None, {"summary": json.loads(text)}))
 
