@@ -64,7 +64,8 @@ def _trained(state: Path, round_index: int) -> bool:
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
         try:
-            return db.execute("SELECT 1 FROM contributions WHERE round = ?", (round_index,)).fetchone() is not None
+            row = db.execute("SELECT 1 FROM contributions WHERE round = ?", (round_index,)).fetchone()
+            return row is not None
         finally:
             db.close()
     except sqlite3.Error:
@@ -152,7 +153,8 @@ def test_the_coordinators_log_continues_one_chain_and_each_site_trained_each_rou
         verify_log(d.state(k) / "audit.db")
         db = sqlite3.connect(d.state(k) / "site.db")
         rounds = [r for (r,) in db.execute("SELECT round FROM contributions ORDER BY round")]
-        consumed = [r for (r,) in db.execute("SELECT round FROM consumed WHERE kind = 'update' ORDER BY round")]
+        consumed = [r for (r,) in db.execute("SELECT round FROM consumed WHERE kind = 'update' "
+                                             "ORDER BY round")]
         db.close()
         assert rounds == consumed == list(range(1, ROUNDS + 1))
         site = read_events(d.state(k) / "audit.db")
@@ -162,3 +164,9 @@ def test_the_coordinators_log_continues_one_chain_and_each_site_trained_each_rou
         assert sorted(epsilons) == sorted(coordinator) == list(range(1, ROUNDS + 1))
         for r in epsilons:
             assert math.isclose(epsilons[r], coordinator[r], rel_tol=1e-9)
+        contributions = [(e.round, e.payload()) for e in site if e.action == "contribution"]
+        first = [r for r, p in contributions if not p.get("retrain")]
+        assert first == list(range(1, ROUNDS + 1))
+        assert all(p["count"] == r for r, p in contributions)
+        if k == 0:  # it had trained round 2 when the coordinator died: it trained it again
+            assert (2, {"count": 2, "retrain": True}) in contributions
