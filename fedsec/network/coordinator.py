@@ -132,6 +132,8 @@ class Hub:
         self.absent: set[str] = set()
         self.standardization: bytes | None = None
         """The federation's feature mean and spread once computed (sent again to a restarted site)."""
+        self.refusals: dict[str, str] = {}
+        """The reasons of the sites that refused a job of the last :meth:`exchange`."""
         self.joins: dict[str, int] = {}
         """How many times each site accepted the plan (a restarted site accepts again)."""
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
@@ -276,6 +278,7 @@ class Hub:
         posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self.refusals = {}
         for name in jobs:
             if name not in answers:
                 reason = "no answer before the deadline" if name in posted else "not connected"
@@ -290,6 +293,7 @@ class Hub:
                 header, body = {"ok": False, "reason": "malformed answer"}, b""
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
+                self.refusals[name] = reason
                 self.audit.event("dropout", round=round_index, stage=kind,
                                  details={"site": name, "reason": reason})
                 continue

@@ -8,8 +8,8 @@ the real :meth:`Hub.exchange` posts straight to the site, whose :class:`InProces
 ``evaluate``/``moments``/``standardize``), with the project's unmodified :class:`SiteWork`,
 :class:`SiteState` (``site.db``) and :class:`MaskingSite`.
 
-A crash is the :class:`Crash` exception raised at the ``at``-th job exchange, either before the jobs
-reach the sites or after they answered (the coordinator dies before it reads the answers). The
+A crash is the :class:`Crash` exception raised at the k-th job exchange of a round, either before
+the jobs reach the sites or after they answered (the coordinator dies before it reads the answers). The
 sites keep running (their memory and ``site.db`` survive), as a site process does while the
 coordinator is down; the resumed coordinator is a new :class:`Hub` over the same run directory.
 """
@@ -100,11 +100,13 @@ class InProcessSite:
 
 class DirectMailboxes:
     """The hub's mailboxes with the sites in this process (see the module); raises :class:`Crash`
-    at the ``at``-th exchange (counted from 1; ``after``: once the sites have answered)."""
+    at ``crash = (round, k, after)``: the k-th job exchange (from 1) of that round, before the jobs
+    reach the sites or, with ``after``, once they have answered."""
 
-    def __init__(self, sites: dict[str, InProcessSite], *, at: int | None, after: bool,
-                 counter: list[int], log: list[tuple[str, int | None]]) -> None:
-        self.sites, self.at, self.after, self.counter, self.log = sites, at, after, counter, log
+    def __init__(self, sites: dict[str, InProcessSite], *, crash: tuple[int, int, bool] | None,
+                 log: list[tuple[str, int | None]]) -> None:
+        self.sites, self.crash, self.log = sites, crash, log
+        self.counts: dict[int | None, int] = {}
         self._next = 1
 
     def next_id(self) -> int:
@@ -112,14 +114,16 @@ class DirectMailboxes:
         return self._next
 
     def exchange(self, jobs: dict[str, tuple[int, bytes]], deadline: float) -> dict[str, bytes]:
-        self.counter[0] += 1
         first = envelope.decode(next(iter(jobs.values()))[1])[0] if jobs else {}
-        self.log.append((str(first.get("kind")) + ("/" + str(first.get("stage")) if "stage" in first else ""),
-                         first.get("round")))
-        if self.counter[0] == self.at and not self.after:
+        round_index = first.get("round")
+        self.counts[round_index] = self.counts.get(round_index, 0) + 1
+        stage = str(first.get("kind")) + ("/" + str(first.get("stage")) if "stage" in first else "")
+        self.log.append((stage, round_index))
+        here = self.crash is not None and self.crash[:2] == (round_index, self.counts[round_index])
+        if here and not self.crash[2]:
             raise Crash()
         answers = {name: self.sites[name].answer(payload) for name, (_, payload) in jobs.items()}
-        if self.counter[0] == self.at:
+        if here:
             raise Crash()
         return answers
 
@@ -147,20 +151,19 @@ class Federation:
         self.out = root / "run"
         self.out.mkdir()
         (self.out / "config.toml").write_text(self.config.to_toml())
-        self.exchanges = [0]
         self.log: list[tuple[str, int | None]] = []
 
-    def coordinator(self, *, at: int | None = None, after: bool = False,
+    def coordinator(self, *, crash: tuple[int, int, bool] | None = None,
                     resume: bool = False) -> dict[str, Any] | None:
-        """Run (or resume) the coordinator; the summary, or None when it crashed."""
+        """Run (or resume) the coordinator, crashing at ``crash`` (see :class:`DirectMailboxes`);
+        the summary, or None when it crashed."""
         d, trust = self.d, pki.Trust.load(self.d.ca)
         audit = PartyAudit(self.out, actor="coordinator", key=load_identity(d.coordinator.identity),
                            run_id=hashlib.sha256(self.plan).hexdigest()[:16])
         hub = Hub(config=self.config, plan_bytes=self.plan, trust=trust,
                   cert_pem=d.coordinator.cert.read_bytes(), key_pem=d.coordinator.key.read_bytes(),
                   audit=audit, listen="127.0.0.1:0")
-        hub.mailboxes = DirectMailboxes(  # type: ignore[assignment]
-            self.sites, at=at, after=after, counter=self.exchanges, log=self.log)
+        hub.mailboxes = DirectMailboxes(self.sites, crash=crash, log=self.log)  # type: ignore[assignment]
         for k, s in enumerate(d.sites):  # what the transport records when a site calls
             hub.transport.certificates[s.name] = s.cert.read_bytes()
             hub.transport.peers[s.name] = pki.verify_peer(s.cert.read_bytes(), trust=trust, roles=("site",))
