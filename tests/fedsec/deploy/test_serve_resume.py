@@ -32,7 +32,7 @@ from fedsec.network import demo
 from tests.fedsec.deploy.harness import federation
 
 pytestmark = pytest.mark.slow
-EXTRA = "[dp]\nreproducible = true\n"
+EXTRA = "[dp]\nreproducible = true\naccountant = \"rdp\"\n"  # rdp: every process calibrates fast
 ROUNDS = 3
 WAIT = 120.0
 

@@ -25,7 +25,7 @@ def crashed(tmp_path_factory):
     """A run whose coordinator died in round 2 (its checkpoint: round 1)."""
     federation = Federation(tmp_path_factory.mktemp("crashed") / "d", rounds=2, extra=EXTRA)
     try:
-        assert federation.coordinator(at=29) is None
+        assert federation.coordinator(crash=(2, 1, False)) is None
     finally:
         federation.close()
     return federation
