@@ -9,7 +9,9 @@ kill at any instant leaves either the previous round's checkpoint or this one. I
 * in ``meta`` (JSON): the round, the history records, the numpy Generator's bit-generator state,
   the privacy ledgers (:meth:`PrivacyBudget.state_dict`), the DP noise streams' positions
   (:meth:`dp.noise.SecureRandom.state_dict`, only with ``dp.reproducible``: otherwise a resumed
-  run draws fresh CSPRNG noise and nothing secret is written), and the config's SHA-256.
+  run draws fresh CSPRNG noise and nothing secret is written), the config's SHA-256, and
+  ``extra``: the :class:`SavedState` entries of whoever runs the loop (the csv evaluator's own
+  generator; a deployed coordinator's sites, noise position, site ledgers and byte counters).
 
 It is read with ``allow_pickle=False``: a checkpoint is data, never code. The masking protocol
 keeps no state across rounds but the run's Generator (session ids and keys are fresh per round);
@@ -22,6 +24,7 @@ import dataclasses
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,30 @@ def resumable(config: ExperimentConfig) -> bool:
     except ConfigError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A named piece of run state a checkpoint carries besides the server loop's own.
+
+    Attributes:
+        name: its key in the checkpoint's ``extra`` (unique per run).
+        get: returns the state as JSON-able data (called after every round).
+        set: puts a value ``get`` returned back (called on ``--resume``).
+    """
+
+    name: str
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+
+
+def generator_state(name: str, rng: np.random.Generator) -> SavedState:
+    """The :class:`SavedState` of a numpy Generator's bit-generator state."""
+
+    def put(state: Any) -> None:
+        rng.bit_generator.state = state
+
+    return SavedState(name, lambda: rng.bit_generator.state, put)
 
 
 @dataclass
@@ -106,9 +133,9 @@ class CheckpointWriter(RoundObserver):
     """Writes ``checkpoint.npz`` after every round (register it after the privacy budget)."""
 
     def __init__(self, directory: Path, *, config: ExperimentConfig, server: Any, history: Any,
-                 privacy: Any) -> None:
+                 privacy: Any, saved: tuple[SavedState, ...] = ()) -> None:
         self.directory, self.config, self.server = directory, config, server
-        self.history, self.privacy = history, privacy
+        self.history, self.privacy, self.saved = history, privacy, tuple(saved)
 
     def after_round(self, record: RoundRecord) -> None:
         from fedsec.fl_core.parameters import get_vector
@@ -127,6 +154,7 @@ class CheckpointWriter(RoundObserver):
             "ledger": self.privacy.budget.state_dict() if self.privacy is not None else None,
             "noise": ([r.state_dict() for r in self.privacy.randoms]
                       if self.privacy is not None and self.config.dp.reproducible else None),
+            "extra": {entry.name: entry.get() for entry in self.saved},
         }
         buffer = io.BytesIO()
         np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
@@ -174,9 +202,15 @@ def read_checkpoint(directory: Path) -> Checkpoint:
     return Checkpoint(meta, arrays)
 
 
-def restore(checkpoint: Checkpoint, *, server: Any, privacy: Any, reproducible: bool) -> ResumePoint:
-    """Put the server's generator, optimiser, ledgers and noise streams back; returns the point
-    the loop continues from (call after :meth:`FederatedServer.prepare_data`)."""
+def restore(checkpoint: Checkpoint, *, server: Any, privacy: Any, reproducible: bool,
+            saved: tuple[SavedState, ...] = ()) -> ResumePoint:
+    """Put the server's generator, optimiser, ledgers, noise streams and the ``saved`` entries
+    back; returns the point the loop continues from (call after
+    :meth:`FederatedServer.prepare_data`).
+
+    Raises:
+        ConfigError: (key ``--resume``) the checkpoint lacks one of the ``saved`` entries.
+    """
     from fedsec.fl_core.parameters import set_vector
 
     meta = checkpoint.meta
@@ -191,6 +225,12 @@ def restore(checkpoint: Checkpoint, *, server: Any, privacy: Any, reproducible: 
         if reproducible and meta.get("noise") is not None:
             for source, state in zip(privacy.randoms, meta["noise"], strict=True):
                 source.load_state_dict(state)
+    extra = meta.get("extra") or {}
+    for entry in saved:
+        if entry.name not in extra:
+            raise ConfigError("--resume", f"the checkpoint holds no {entry.name!r}: it was written by "
+                                          f"another version or kind of run")
+        entry.set(extra[entry.name])
     point = checkpoint.point()
     set_vector(server.model, point.vector)
     return point

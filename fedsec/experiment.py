@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedsec import fl_core
+from fedsec.checkpoint import SavedState, generator_state
 from fedsec.config import ExperimentConfig
 from fedsec.diagnostics import hopeless_noise_warning, noise_to_signal
 from fedsec.dp.errors import InvalidPrivacyParameterError
@@ -59,6 +60,8 @@ class Experiment:
     extras: list[Callable[[TrainingResult, Path | None], dict[str, Any]]] = field(default_factory=list)
     """Method reports run after training: each returns entries for summary.json and may write
     its plots into the run directory (None when there is none)."""
+    saved: list[SavedState] = field(default_factory=list)
+    """Run state beyond the server loop's own that a checkpoint carries (:mod:`fedsec.checkpoint`)."""
 
 
 def build_experiment(
@@ -146,12 +149,15 @@ def assemble_experiment(
     history = HistoryRecorder()
     extra: list[RoundObserver] = [privacy.budget] if privacy is not None else []
     evaluator = None
+    saved: list[SavedState] = []
     if evaluator_factory is not None:
         evaluator = evaluator_factory(config, data)
     elif config.data.dataset == "csv":
-        from fedsec.site_data import build_evaluator, evaluation_protocol
+        from fedsec.site_data import EVALUATION_STREAM, build_evaluator, evaluation_protocol
 
-        evaluator = build_evaluator(config, data, evaluation_protocol(config, data))
+        evaluation_rng = np.random.default_rng([config.seed, EVALUATION_STREAM])
+        evaluator = build_evaluator(config, data, evaluation_protocol(config, data, evaluation_rng))
+        saved.append(generator_state("evaluation_rng", evaluation_rng))
     if isinstance(evaluator, RoundObserver):
         extra.append(evaluator)
     runner = build_runner(config, protocol)
@@ -175,7 +181,7 @@ def assemble_experiment(
     if local_tests:
         extras.append(lambda result, out_dir: personalization.report(config, server, local_tests,
                                                                      result, out_dir))
-    return Experiment(config, data, server, history, privacy, notes, extras)
+    return Experiment(config, data, server, history, privacy, notes, extras, saved)
 
 
 def local_trainer(config: ExperimentConfig) -> fl_core.LocalTrainer:
@@ -462,12 +468,13 @@ def resume_experiment(out: str | Path, *, progress: bool = False) -> dict[str, A
 
 
 def execute_experiment(experiment: Experiment, out_dir: Path, *, audit: bool = True,
-                       checkpoints: bool = True) -> dict[str, Any]:
+                       checkpoints: bool = True, checkpoint: Any = None) -> dict[str, Any]:
     """Run a built experiment and write its run directory into ``out_dir`` (config, history,
     summary, model, plots; ``audit``: the run's own audit log; ``checkpoints``: checkpoints of a
-    resumable configuration). Returns the summary. A deployed coordinator runs its server loop
-    through this, so its run directory is the simulation's."""
-    return _execute(experiment, out_dir, audit=audit, checkpoints=checkpoints)
+    resumable configuration; ``checkpoint``: a :class:`fedsec.checkpoint.Checkpoint` to continue
+    from, ``out_dir`` being the folder it was read from). Returns the summary. A deployed
+    coordinator runs its server loop through this, so its run directory is the simulation's."""
+    return _execute(experiment, out_dir, audit=audit, checkpoints=checkpoints, checkpoint=checkpoint)
 
 
 def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True,
@@ -494,14 +501,15 @@ def _execute(experiment: Experiment, out_dir: Path | None, *, audit: bool = True
         if checkpoints and resumable(config):
             server.observers.append(CheckpointWriter(out_dir, config=config, server=server,
                                                      history=experiment.history,
-                                                     privacy=experiment.privacy))
+                                                     privacy=experiment.privacy,
+                                                     saved=tuple(experiment.saved)))
     start = time.perf_counter()
     if checkpoint is None:
         result = server.run()
     else:
         server.prepare_data()
         point = restore(checkpoint, server=server, privacy=experiment.privacy,
-                        reproducible=config.dp.reproducible)
+                        reproducible=config.dp.reproducible, saved=tuple(experiment.saved))
         result = server.run(resume=point)
     wall = time.perf_counter() - start
     if out_dir is not None and result.stop_reason == "interrupted" and checkpoints and resumable(config):

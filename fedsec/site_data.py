@@ -93,13 +93,16 @@ the same with or without evaluation, as in a deployment, where each site rounds 
 randomness."""
 
 
-def evaluation_protocol(config: ExperimentConfig, data: fl_core.FederatedDataset
-                        ) -> fl_core.AggregationProtocol:
+def evaluation_protocol(config: ExperimentConfig, data: fl_core.FederatedDataset,
+                        rng: np.random.Generator | None = None) -> fl_core.AggregationProtocol:
     """The secure layer ``secure.*`` configures, as its own instance for the evaluation sums (its
-    own keys, its own generator :data:`EVALUATION_STREAM`)."""
+    own keys, its own generator: ``rng``, by default a new one of :data:`EVALUATION_STREAM`; a
+    checkpoint carries its state)."""
     from fedsec.experiment import build_protocol
 
-    return build_protocol(config, data, np.random.default_rng([config.seed, EVALUATION_STREAM]))
+    if rng is None:
+        rng = np.random.default_rng([config.seed, EVALUATION_STREAM])
+    return build_protocol(config, data, rng)
 
 
 def build_evaluator(config: ExperimentConfig, data: fl_core.FederatedDataset,

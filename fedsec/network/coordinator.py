@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -131,6 +132,8 @@ class Hub:
         self.absent: set[str] = set()
         self.standardization: bytes | None = None
         """The federation's feature mean and spread once computed (sent again to a restarted site)."""
+        self.refusals: dict[str, str] = {}
+        """The reasons of the sites that refused a job of the last :meth:`exchange`."""
         self.joins: dict[str, int] = {}
         """How many times each site accepted the plan (a restarted site accepts again)."""
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
@@ -213,7 +216,10 @@ class Hub:
             header, _ = envelope.decode(payload)
             job = envelope.field(header, "job", int)
             round_index = self.job_rounds.get(job)
-            self.mailboxes.answer(peer.name, job, payload)
+            if not self.mailboxes.answer(peer.name, job, payload):
+                # withdrawn after its deadline, or a job of an earlier incarnation of this coordinator
+                self.audit.event("answer_ignored", round=round_index,
+                                 details={"site": peer.name, "job": job})
             self.absent.discard(peer.name)
             following = self.mailboxes.poll(peer.name, self.poll_wait)
             reply = following[1] if following is not None else envelope.encode({"kind": "wait"})
@@ -272,6 +278,7 @@ class Hub:
         posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self.refusals = {}
         for name in jobs:
             if name not in answers:
                 reason = "no answer before the deadline" if name in posted else "not connected"
@@ -286,6 +293,7 @@ class Hub:
                 header, body = {"ok": False, "reason": "malformed answer"}, b""
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
+                self.refusals[name] = reason
                 self.audit.event("dropout", round=round_index, stage=kind,
                                  details={"site": name, "reason": reason})
                 continue
@@ -294,8 +302,10 @@ class Hub:
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Tell every site the run is over (with the released model's digest)."""
-        text = json.dumps({k: summary.get(k) for k in ("rounds_run", "stop_reason", "model_sha256",
-                                                        "final_accuracy", "epsilon")}, default=str)
+        keys = ("rounds_run", "stop_reason", "model_sha256", "final_accuracy", "epsilon")
+        # a last round without metrics (its evaluation aborted) has NaN accuracy: sent as null
+        text = json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k in keys for v in (summary.get(k),)}, default=str)
         for name in self.sites:
             self.mailboxes.post(name, *self.job("done", None, {"summary": json.loads(text)}))
 

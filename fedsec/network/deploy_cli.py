@@ -14,6 +14,7 @@ import hashlib
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from fedsec.network.pki import Trust, verify_peer
 
@@ -27,6 +28,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
                        help="address to listen on (port 0: any free one; default %(default)s)")
     serve.add_argument("--out", required=True, metavar="RUN_DIR")
     serve.add_argument("--force", action="store_true", help="replace an earlier run in RUN_DIR")
+    serve.add_argument("--resume", action="store_true", help="continue the killed or interrupted run of "
+                       "RUN_DIR (or of its staging folder) from its last checkpoint, with the same plan")
     join = commands.add_parser("join", help="take part in a deployed federation as a site",
                                description="A hospital: dials the coordinator, checks the plan "
                                "against its own policy and ledger, validates its CSV file, and trains.")
@@ -100,26 +103,46 @@ def _serve(args: argparse.Namespace) -> int:
               f"certificate is {me.name!r}", file=sys.stderr)
         return 2
     identity = load_identity(identity_path)
-    check_out(args.out, force=args.force)
-    staging = RunDirectory(args.out, force=args.force)
     sha = hashlib.sha256(plan_bytes).hexdigest()
-    audit = PartyAudit(staging.path, actor=me.name, key=identity, run_id=sha[:16],
-                       certificate=cert.read_bytes())
-    audit.event("plan_loaded", details={"sha256": sha, "sites": list(config.federation.sites)})
+    checkpoint, folder, adopted = None, None, None
+    try:
+        if args.resume:
+            checkpoint, folder, adopted = _checkpoint(args, config, sha)
+        else:
+            check_out(args.out, force=args.force)
+    except ConfigError as error:
+        print(f"fedsec: error: {error}", file=sys.stderr)
+        return 2
+    staging = adopted if adopted is not None else (None if args.resume else RunDirectory(args.out,
+                                                                                        force=args.force))
+    out_dir = staging.path if staging is not None else folder
+    audit = PartyAudit(out_dir, actor=me.name, key=identity, run_id=sha[:16], certificate=cert.read_bytes())
+    if checkpoint is None:
+        audit.event("plan_loaded", details={"sha256": sha, "sites": list(config.federation.sites)})
+    else:
+        audit.event("resumed", round=int(checkpoint.meta["round"]),
+                    details={"checkpoint_round": int(checkpoint.meta["round"]), "plan_sha256": sha})
     hub = Hub(config=config, plan_bytes=plan_bytes, trust=trust, cert_pem=cert.read_bytes(),
               key_pem=key.read_bytes(), audit=audit, listen=args.listen)
     hub.identity, hub.cert_path, hub.key_path = identity, cert, key
+    if checkpoint is not None:  # before it listens: the still-running sites' polls are served at once
+        from fedsec.network.serve import HUB_STATE, restore_hub
+
+        restore_hub(hub, checkpoint.meta["extra"][HUB_STATE])
     code = 0
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C
     try:
         port = hub.start()
         print(f"listening {port}", flush=True)
         print(f"plan sha256 {sha}; waiting for {len(config.federation.sites)} sites", flush=True)
-        summary = run_coordinator(config, hub, staging.path)
+        summary = run_coordinator(config, hub, out_dir, checkpoint=checkpoint)
         print(f"done: {summary['rounds_run']} rounds ({summary['stop_reason']}), final accuracy "
               f"{summary['final_accuracy']}, epsilon {summary.get('epsilon')}; run directory {args.out}",
               flush=True)
         code = 130 if summary["stop_reason"] == "interrupted" else 0
+    except ConfigError as error:
+        print(f"fedsec: error: {error}", file=sys.stderr)
+        code = 2
     except RuntimeError as error:
         print(f"fedsec: serve failed: {error}", file=sys.stderr)
         code = 1
@@ -130,8 +153,36 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         hub.stop()
         audit.close()
-        staging.publish()
+        if staging is not None:
+            staging.publish()
     return code
+
+
+def _checkpoint(args: argparse.Namespace, config: Any, sha: str) -> tuple[Any, Path, Any]:
+    """``--resume``: the checkpoint of RUN_DIR (or of its staging folder), the folder, and the
+    staging folder adopted to be published at the end (None when RUN_DIR itself is continued).
+
+    Raises:
+        ConfigError: ``--resume`` (with --force, no checkpoint, another plan or configuration) or
+            ``secure.aggregation`` (a layer whose state a checkpoint does not hold).
+    """
+    from fedsec.checkpoint import check_resumable, find_run, read_checkpoint
+    from fedsec.errors import ConfigError
+    from fedsec.network.serve import HUB_STATE
+    from fedsec.rundir import RunDirectory
+
+    if args.force:
+        raise ConfigError("--resume", "continues RUN_DIR: it takes no --force")
+    check_resumable(config)
+    folder, staged = find_run(args.out)
+    checkpoint = read_checkpoint(folder)
+    hub = (checkpoint.meta.get("extra") or {}).get(HUB_STATE)
+    if hub is None:
+        raise ConfigError("--resume", f"{folder} is not a checkpointed fedsec serve run")
+    if hub.get("plan_sha256") != sha or checkpoint.meta.get("config_sha256") != config.sha256():
+        raise ConfigError("--resume", f"{args.plan} (SHA-256 {sha[:16]}...) is not the plan of the "
+                                      f"checkpointed run ({str(hub.get('plan_sha256'))[:16]}...)")
+    return checkpoint, folder, RunDirectory.adopt(args.out, folder) if staged else None
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -11,6 +11,7 @@ until all have answered or the stage deadline passes; a job not answered in time
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 from collections import deque
@@ -30,7 +31,9 @@ class Mailboxes:
         self._queues: dict[str, deque[tuple[int, bytes]]] = {n: deque() for n in names}
         self._pending: dict[int, str] = {}
         self._answers: dict[int, bytes] = {}
-        self._ids = itertools.count(1)
+        # a random 40-bit start: job ids differ between coordinator incarnations, so an answer to a
+        # job of a killed coordinator never matches a job of the one that resumed the run
+        self._ids = itertools.count(secrets.randbelow(2**40) + 1)
         self._closed = False
 
     def next_id(self) -> int:

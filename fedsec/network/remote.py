@@ -83,6 +83,8 @@ class RemoteRound(AggregationProtocol):
         self.noise_offset = 0
         self.on_trained = on_trained
         self.name = layer.name
+        self.replayed: set[int] = set()
+        """Sites that refused this round's training as ``rounds.replayed`` (charged: see ``aggregate``)."""
         self.evaluation: RemoteRound | None = None
         """The evaluation's own round over its own layer instance (set by the coordinator)."""
         self.client_noise: Any = None
@@ -112,8 +114,11 @@ class RemoteRound(AggregationProtocol):
         self.hub.round = round_index
         if purpose == "update":
             ids = [int(u.client_id) for u in updates]
+            self.replayed = set()
             trained = self._train(round_index, ids)
-            self.on_trained(round_index, [self.hub.names[c] for c in trained])
+            # a site refusing a round whose update it already put into an aggregation (a resumed
+            # coordinator re-running it) released that round: its ledger is charged for it
+            self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | self.replayed)])
             updates = [u for u in updates if int(u.client_id) in trained]
             if not updates:
                 raise ProtocolAbort("no site trained before the deadline")
@@ -152,6 +157,7 @@ class RemoteRound(AggregationProtocol):
         done: set[int] = set()
         if not self.sequential_noise:
             answers = self.hub.exchange("train", round_index, {names[c]: jobs[c] for c in ids}, self.deadline)
+            self._replayed(ids)
             done = {c for c in ids if names[c] in answers}
             self._ack(round_index, answers)
             return done
@@ -159,6 +165,7 @@ class RemoteRound(AggregationProtocol):
             header, _ = jobs[c]
             job = {names[c]: ({**header, "noise": self.noise_offset}, body)}
             answers = self.hub.exchange("train", round_index, job, self.deadline)
+            self._replayed([c])
             if names[c] in answers:
                 offset = answers[names[c]][0].get("noise")
                 if isinstance(offset, int) and not isinstance(offset, bool) and offset >= self.noise_offset:
@@ -166,6 +173,9 @@ class RemoteRound(AggregationProtocol):
                     done.add(c)
                 self._ack(round_index, answers)
         return done
+
+    def _replayed(self, ids: list[int]) -> None:
+        self.replayed |= {c for c in ids if self.hub.refusals.get(self.hub.names[c]) == "rounds.replayed"}
 
     def _ack(self, round_index: int, answers: dict[str, tuple[dict[str, Any], bytes]]) -> None:
         """Acknowledge each answering site's head if it is that site's log (its certificate's name

@@ -19,7 +19,9 @@ import numpy as np
 
 from fedsec import fl_core
 from fedsec.audit.run import vector_sha256
+from fedsec.checkpoint import Checkpoint, SavedState, generator_state
 from fedsec.config import ExperimentConfig
+from fedsec.errors import ConfigError
 from fedsec.experiment import Experiment, assemble_experiment, execute_experiment
 from fedsec.fl_core.history import RoundObserver, RoundRecord, TrainingResult
 from fedsec.network.coordinator import Hub, SiteInfo
@@ -96,9 +98,9 @@ def placeholder_data(config: ExperimentConfig, names: tuple[str, ...],
 
 
 def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, SiteInfo],
-                      observers: list[RoundObserver]) -> tuple[Experiment, RemoteRound]:
+                      observers: list[RoundObserver]) -> tuple[Experiment, RemoteRound, SiteLedgers]:
     """The experiment a coordinator runs (see the module), drawing from the run generator as the
-    simulation of the same plan does."""
+    simulation of the same plan does; its round protocol and the sites' ledgers."""
     from fedsec.site_data import EVALUATION_STREAM, statistics_error_bound
 
     deadline = config.federation.stage_timeout
@@ -153,7 +155,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
         held["round"].noise_multiplier = hub.noise_multiplier
     remote: RemoteRound = held["round"]
     remote.evaluation = held.get("evaluation")
-    return experiment, remote
+    return experiment, remote, held["ledgers"]
 
 
 def _sums_length(n_classes: int) -> int:
@@ -162,32 +164,49 @@ def _sums_length(n_classes: int) -> int:
     return sums_length(n_classes)
 
 
-def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: Any = print) -> dict[str, Any]:
+def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: Any = print,
+                    checkpoint: Checkpoint | None = None) -> dict[str, Any]:
     """Wait for the roster, then run the plan to the end and write ``out_dir``; the summary.
+
+    With ``checkpoint`` (``fedsec serve --resume``; ``out_dir`` is the folder it was read from)
+    the roster, the federation's feature scaling and the coordinator's state come from it: no
+    site is waited for (the ones still running go on polling; a restarted one accepts again) and
+    the run continues after the checkpoint's round.
 
     Raises:
         RuntimeError: fewer than ``federation.min_sites`` sites accepted the plan in time.
+        ConfigError: (key ``--resume``) the checkpoint lacks the coordinator's state.
     """
     f = config.federation
-    sites = hub.wait_for_sites(f.join_timeout)
-    hub.audit.event("roster", details={"joined": sorted(sites), "refused": dict(hub.refused)})
-    if len(sites) < f.min_sites:
-        raise RuntimeError(f"{len(sites)} of {len(hub.names)} sites accepted the plan within "
-                           f"federation.join_timeout = {f.join_timeout:g} s; federation.min_sites is "
-                           f"{f.min_sites}")
-    say(f"{len(sites)} of {len(hub.names)} sites joined: {', '.join(sorted(sites))}")
+    if checkpoint is None:
+        sites = hub.wait_for_sites(f.join_timeout)
+        hub.audit.event("roster", details={"joined": sorted(sites), "refused": dict(hub.refused)})
+        if len(sites) < f.min_sites:
+            raise RuntimeError(f"{len(sites)} of {len(hub.names)} sites accepted the plan within "
+                               f"federation.join_timeout = {f.join_timeout:g} s; federation.min_sites is "
+                               f"{f.min_sites}")
+        say(f"{len(sites)} of {len(hub.names)} sites joined: {', '.join(sorted(sites))}")
+    else:
+        extra = checkpoint.meta.get("extra") or {}
+        if HUB_STATE not in extra:
+            raise ConfigError("--resume", "the checkpoint holds no coordinator state (not a serve run)")
+        restore_hub(hub, extra[HUB_STATE])
+        sites = dict(hub.sites)
+        say(f"resuming after round {checkpoint.meta['round']} with the {len(sites)} sites of the run: "
+            f"{', '.join(sorted(sites))}")
     observers: list[RoundObserver] = []
-    experiment, remote = build_coordinator(config, hub, sites, observers)
+    experiment, remote, ledgers = build_coordinator(config, hub, sites, observers)
     server = experiment.server
     observers_audit = CoordinatorAudit(hub.audit, lambda: fl_core.get_vector(server.model))
     server.observers.append(observers_audit)
-    if config.data.standardize:
+    if config.data.standardize and checkpoint is None:
         hub.round = 0
         _, _, upload = remote_moments(hub, server.protocol, features=int(np.prod(server.data.input_shape)),
                                       deadline=f.stage_timeout,
                                       sizes={n: s.n_train for n, s in sites.items()})
         server.setup_upload_bytes += upload
     layers = [r.layer for r in (remote, remote.evaluation) if r is not None]
+    experiment.saved.extend(coordinator_state(hub, remote, ledgers, layers))
 
     def deployment(result: TrainingResult, out: Path | None) -> dict[str, Any]:
         protocol: dict[int, list[int]] = {}
@@ -205,10 +224,86 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
                                for c, (up, down) in sorted(protocol.items())}}}
 
     experiment.extras.append(deployment)
-    summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=False)
+    summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=True, checkpoint=checkpoint)
     hub.finish(summary)
     _drain(hub, set(sites))
     return summary
+
+
+HUB_STATE = "deployment.hub"
+"""The checkpoint's entry with the roster the run admitted, its plan and the feature scaling."""
+
+
+def restore_hub(hub: Hub, state: dict[str, Any]) -> None:
+    """Put a checkpoint's roster and feature scaling back into ``hub`` (a site that accepted again
+    meanwhile keeps what it reported now).
+
+    Raises:
+        ConfigError: (key ``--resume``) the state is of another plan.
+    """
+    if state.get("plan_sha256") != hub.plan_sha256:
+        raise ConfigError("--resume", "the checkpoint is of another plan")
+    with hub._joined:
+        for name, info in state["sites"].items():
+            if name in hub.names and name not in hub.sites:
+                hub.sites[name] = SiteInfo(name=name, client_id=hub.names.index(name),
+                                           n_train=int(info["n_train"]), n_test=int(info["n_test"]),
+                                           input_shape=tuple(int(v) for v in info["input_shape"]),
+                                           n_classes=int(info["n_classes"]))
+    if hub.standardization is None and state.get("standardization") is not None:
+        hub.standardization = bytes.fromhex(state["standardization"])
+
+
+def coordinator_state(hub: Hub, remote: RemoteRound, ledgers: SiteLedgers,
+                      layers: list[Any]) -> list[SavedState]:
+    """What a coordinator's checkpoint holds besides the server loop's own (see
+    docs/deployment.md, "Resume"): the roster and feature scaling, the reproducible noise
+    stream's position, each site's epsilon as the coordinator counts it, the evaluation layer's
+    generator, and the byte counters the summary reports."""
+
+    def hub_state() -> dict[str, Any]:
+        return {"plan_sha256": hub.plan_sha256,
+                "sites": {n: {"n_train": i.n_train, "n_test": i.n_test, "input_shape": list(i.input_shape),
+                              "n_classes": i.n_classes} for n, i in sorted(hub.sites.items())},
+                "standardization": hub.standardization.hex() if hub.standardization is not None else None}
+
+    def set_offset(value: Any) -> None:
+        remote.noise_offset = int(value)
+
+    def set_ledgers(value: Any) -> None:
+        for name, state in value.items():
+            if name in ledgers.budgets:
+                ledgers.budgets[name].load_state_dict(state)
+
+    def get_bytes() -> list[dict[str, list[int]]]:
+        return [{str(c): list(v) for c, v in getattr(layer, "protocol_bytes", {}).items()}
+                for layer in layers]
+
+    def set_bytes(value: Any) -> None:
+        for layer, counts in zip(layers, value, strict=True):
+            if hasattr(layer, "protocol_bytes"):
+                layer.protocol_bytes.update({int(c): [int(up), int(down)]
+                                             for c, (up, down) in counts.items()})
+
+    def get_wire() -> dict[str, list[int]]:
+        return {n: list(v) for n, v in hub.wire.items()}
+
+    def set_wire(value: Any) -> None:
+        with hub.transport._count:
+            for name, (up, down) in value.items():
+                totals = hub.transport.wire.setdefault(name, [0, 0])
+                totals[0] += int(up)
+                totals[1] += int(down)
+
+    saved = [SavedState(HUB_STATE, hub_state, lambda value: restore_hub(hub, value)),
+             SavedState("deployment.noise_offset", lambda: remote.noise_offset, set_offset),
+             SavedState("deployment.site_ledgers",
+                        lambda: {n: b.state_dict() for n, b in sorted(ledgers.budgets.items())}, set_ledgers),
+             SavedState("deployment.protocol_bytes", get_bytes, set_bytes),
+             SavedState("deployment.wire_bytes", get_wire, set_wire)]
+    if remote.evaluation is not None:
+        saved.append(generator_state("deployment.evaluation_rng", remote.evaluation.layer.context.rng))
+    return saved
 
 
 def _drain(hub: Hub, sites: set[str], timeout: float = 10.0) -> None:

@@ -18,8 +18,10 @@ Order of a site's first calls, and what stops it:
    ``dp.mode = "client"`` with the client-level accountant; the site then clips each update,
    weights it 1 and its layer adds a noise share: :mod:`fedsec.network.client_noise`).
 
-Every train job is recorded in ``site.db`` before the site trains (a replayed round, or more
-rounds than the plan's, is refused), and its epsilon is entered in the audit log. Each pending
+Every train job is recorded in ``site.db`` before the site trains (more rounds than the plan's,
+or a round whose update already went into an aggregation, is refused; a round whose update no
+setup consumed is trained again for a resumed coordinator, charged once), and its epsilon is
+entered in the audit log. Each pending
 contribution (update, evaluation sums, feature moments) goes into at most one aggregation: the
 first layer setup naming it consumes it in ``site.db`` (see :mod:`fedsec.network.site_work`), and
 the layer is given the site's policy, whose ``min_sites``/``min_threshold`` it enforces at every
@@ -291,11 +293,16 @@ class Site:
                             self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
                             return EXIT_REFUSED
                         context.client_noise = self.work.client_noise
+                        if self.work.privacy is not None:  # a restarted site: the rounds it trained
+                            for done in state.contributed(sha):
+                                self.work.privacy.budget.charge(done)
                     self._ack(header.get("head"), round_index)
-                    count = state.contribute(sha, envelope.field(header, "round", int),
-                                             max_rounds=config.rounds)
+                    train_round = envelope.field(header, "round", int)
+                    again = train_round in state.contributed(sha)
+                    count = state.contribute(sha, train_round, max_rounds=config.rounds)
                     answer.update(self.work.train(header, body))
-                    self._event("contribution", {"count": count}, round_index)
+                    self._event("contribution", {"count": count, **({"retrain": True} if again else {})},
+                                round_index)
                     if self.work.epsilon is not None:
                         self._event("epsilon", {"epsilon": self.work.epsilon}, round_index)
                     answer["head"] = self.audit.head()

@@ -8,10 +8,12 @@ It is also the masked protocol's durable session record: one (session, round) pe
 restarted site never takes part twice in one masked round.
 
 A contribution is recorded *before* the site trains for the round (charge before release), in one
-transaction that refuses a round of a run it already contributed to (a replayed or restarted round)
-and a contribution beyond the plan's number of rounds. So a coordinator that restarts, replays
-rounds or runs more rounds than the plan says cannot make the site release more than the plan's
-rounds, whose epsilon the ledger reserved when the site accepted the plan.
+transaction that refuses a round whose update already went into an aggregation (a replayed round)
+and a contribution beyond the plan's number of rounds. A round recorded but whose update no setup
+ever consumed may be trained again (a resumed coordinator re-runs the round its crash interrupted):
+the round stays one contribution. So a coordinator that restarts, replays rounds or runs more
+rounds than the plan says cannot make the site release more than one update per round and the
+plan's rounds, whose epsilon the ledger reserved when the site accepted the plan.
 """
 
 from __future__ import annotations
@@ -61,22 +63,31 @@ class SiteState:
         """Record a contribution to round ``round_index`` (>= 1) of ``run_id``; returns how many
         rounds of the run it has contributed to, this one included.
 
+        A round already recorded may be trained again (a resumed coordinator re-runs the round
+        its crash interrupted) iff the site's update of that round was never consumed (no layer
+        setup named it, :meth:`consume`): nothing that depends on the first training has left
+        the site, and at most one of its round-``round_index`` updates can ever be consumed. The
+        count does not grow (the round is charged once).
+
         Raises:
-            PolicyRefused: ``rounds.replayed`` (already contributed to this round), or
-                ``rounds.plan`` (the plan's ``max_rounds`` contributions are done), or
-                ``rounds.invalid`` (a round outside [1, max_rounds]).
+            PolicyRefused: ``rounds.replayed`` (this round's update already went into an
+                aggregation), or ``rounds.plan`` (the plan's ``max_rounds`` contributions are
+                done), or ``rounds.invalid`` (a round outside [1, max_rounds]).
         """
         if isinstance(round_index, bool) or not isinstance(round_index, int) \
                 or not 1 <= round_index <= max_rounds:
             raise PolicyRefused("rounds.invalid", f"round {round_index!r} is outside the plan's "
                                                   f"1..{max_rounds}")
         with transaction(self._db):
-            if self._db.execute("SELECT 1 FROM contributions WHERE run_id = ? AND round = ?",
-                                (run_id, round_index)).fetchone():
-                raise PolicyRefused("rounds.replayed",
-                                    f"this site already contributed to round {round_index}")
             done = self._db.execute("SELECT COUNT(*) FROM contributions WHERE run_id = ?",
                                     (run_id,)).fetchone()[0]
+            if self._db.execute("SELECT 1 FROM contributions WHERE run_id = ? AND round = ?",
+                                (run_id, round_index)).fetchone():
+                if self._db.execute("SELECT 1 FROM consumed WHERE run_id = ? AND kind = 'update' "
+                                    "AND round = ?", (run_id, round_index)).fetchone():
+                    raise PolicyRefused("rounds.replayed", f"this site's update of round {round_index} "
+                                                           f"already went into an aggregation")
+                return done
             if done >= max_rounds:
                 raise PolicyRefused("rounds.plan",
                                     f"this site has contributed the plan's {max_rounds} rounds")

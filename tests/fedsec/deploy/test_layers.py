@@ -123,30 +123,41 @@ def test_a_coordinator_relaying_other_certificates_gets_an_abort_or_the_true_key
 
 
 @settings(max_examples=40, deadline=None)
-@given(claims=st.lists(st.integers(-2, 8), max_size=25), restart=st.lists(st.booleans(), max_size=25))
-def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans(tmp_path_factory, claims,
-                                                                                 restart):
-    """Adversary: a coordinator that asks for any sequence of rounds, replays and restarts."""
+@given(claims=st.lists(st.tuples(st.integers(-2, 8), st.booleans(), st.booleans()), max_size=25))
+def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans(tmp_path_factory, claims):
+    """Adversary: a coordinator that asks for any sequence of rounds, replays and restarts (the
+    site's process too), and sets up an aggregation of the update after any training. A round is
+    trained again only while its update was never consumed; the rounds trained are the plan's at
+    most; no update is consumed twice."""
     folder = tmp_path_factory.mktemp("state")
-    rounds, accepted = 5, []
+    rounds, trained, consumed, counts = 5, [], [], []
     state = SiteState(folder)
-    for claim, again in zip(claims, restart + [False] * len(claims)):
+    for claim, again, setup in claims:
         if again:
             state.close()
             state = SiteState(folder)
         try:
-            state.contribute("run", claim, max_rounds=rounds)
-        except PolicyRefused:
+            counts.append(state.contribute("run", claim, max_rounds=rounds))
+        except PolicyRefused as refusal:
+            assert refusal.rule in ("rounds.invalid", "rounds.plan", "rounds.replayed")
+            assert (refusal.rule != "rounds.replayed") or claim in consumed
             continue
-        accepted.append(claim)
+        assert claim not in consumed  # a consumed round is never trained again
+        trained.append(claim)
+        if setup:
+            state.consume("run", "update", claim)
+            consumed.append(claim)
+    recorded = state.contributed("run")
     state.close()
-    assert len(accepted) == len(set(accepted)) <= rounds
-    assert all(1 <= r <= rounds for r in accepted)
-    expected = []
-    for claim in claims:
+    assert sorted(set(trained)) == recorded and len(recorded) <= rounds
+    assert all(1 <= r <= rounds for r in trained)
+    assert len(consumed) == len(set(consumed))
+    assert counts == [len(set(trained[:i + 1])) for i in range(len(trained))]
+    expected: list[int] = []
+    for claim, _, _ in claims:
         if 1 <= claim <= rounds and claim not in expected and len(expected) < rounds:
             expected.append(claim)
-    assert accepted == expected
+    assert recorded == sorted(expected)
 
 
 def test_a_site_refuses_a_noise_multiplier_below_the_plans_epsilon(tmp_path):
