@@ -74,8 +74,9 @@ class _RecordingServer(TransportServer):
 
     def admit(self, context: grpc.ServicerContext) -> Peer:
         peer = super().admit(context)
-        self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
-        self.peers[peer.name] = peer
+        if self.peers.get(peer.name) is not peer:  # a new or another certificate: keep its PEM
+            self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
+            self.peers[peer.name] = peer
         self._local.peer = peer.name
         return peer
 

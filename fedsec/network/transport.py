@@ -1,4 +1,4 @@
-"""gRPC with mutual TLS between the parties of a federation: one generic bytes method, chunked.
+"""gRPC with mutual TLS between the parties of a federation: two generic bytes methods.
 
 Two methods carry one framed request (:mod:`fedsec.network.framing`) and return one framed
 reply; no protoc code generation, the messages are the protocols' canonical bytes:
@@ -12,8 +12,9 @@ reply; no protoc code generation, the messages are the protocols' canonical byte
   most ``max_calls_per_peer`` kept per peer, each handed out once) and answers with the ticket
   under the topic :data:`SPILL`; the client fetches it with one ``Exchange`` call.
 - ``/fedsec.v1.Transport/Exchange``: bidirectional streaming, the header then chunks, for requests
-  larger than one message and for spilled replies. Both ends build their TLS credentials from the
-federation's root and their own certificate and key:
+  larger than one message and for spilled replies.
+
+Both ends build their TLS credentials from the federation's root and their own certificate and key:
 
 - the server requires a client certificate chaining to the root (TLS), and on every call reads
   the client's verified certificate from the gRPC auth context and admits it with
