@@ -14,18 +14,33 @@ Wire bytes are counted by the coordinator's transport: every gRPC message (frami
 chunks; not TLS or HTTP/2 framing) each site sent and received over the whole run. The protocol's
 count is the secure layer's own messages (what the simulation's in-memory transport counts), plus
 the model the framework sends a site for each training and evaluation job; the ratio is wire over
-that. The last line of output is one JSON object.
+that.
+
+CPU: every process's CPU seconds (user + system, from ``/proc``; this process's own for the
+simulation) are sampled every 20 ms and split into rounds at the ``round`` rows of the
+coordinator's and the simulation's audit logs; ``cpu_seconds_per_round`` is the mean over rounds
+2..R. With ``cores`` cores, no schedule runs a deployed round in less than its total CPU seconds
+over ``cores``: ``cpu_floor_over_simulated`` is that floor over the simulated round's seconds (the
+ratio the deployment could reach on this machine if every CPU second ran in parallel). The load
+average before and after is reported: other jobs share the cores. The last line of output is one
+JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime as dt
 import json
+import os
+import resource
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +94,65 @@ def median_seconds(history: Path) -> float:
     return statistics.median(values)
 
 
+class CpuSampler:
+    """CPU seconds of processes (``None``: this one), sampled every ``period`` seconds."""
+
+    def __init__(self, period: float = 0.02) -> None:
+        self.period = period
+        self.pids: dict[str, int | None] = {}
+        self.samples: dict[str, list[tuple[float, float]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def watch(self, name: str, pid: int | None) -> None:
+        self.samples[name] = []
+        self.pids[name] = pid
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            now = time.time()
+            for name, pid in list(self.pids.items()):
+                if pid is None:
+                    usage = resource.getrusage(resource.RUSAGE_SELF)
+                    self.samples[name].append((now, usage.ru_utime + usage.ru_stime))
+                    continue
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                self.samples[name].append((now, (int(fields[11]) + int(fields[12])) / tick))
+            self._stop.wait(self.period)
+
+    def per_round(self, name: str, ends: list[float]) -> float:
+        """Mean CPU seconds of ``name`` per round between consecutive round ends (round 2 on)."""
+        samples = self.samples[name]
+
+        def at(t: float) -> float:
+            before = [cpu for stamp, cpu in samples if stamp <= t]
+            return before[-1] if before else 0.0
+
+        spans = [at(b) - at(a) for a, b in zip(ends, ends[1:])]
+        return statistics.mean(spans) if spans else float("nan")
+
+
+def round_ends(audit: Path) -> list[float]:
+    """UTC times (epoch seconds) of the ``round`` rows of an audit log."""
+    db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT time FROM events WHERE action = 'round' ORDER BY seq").fetchall()
+    finally:
+        db.close()
+    return [dt.datetime.fromisoformat(t).timestamp() for (t,) in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=10)
@@ -102,16 +176,28 @@ def main() -> None:
         policy.write_text("[dp]\nrequired = false\n[aggregation]\nmin_sites = 3\n")
         log(f"plan: {args.sites} sites, {model} with {features} features, {args.rounds} rounds")
         quoted = "[" + ",".join(f'"{p}"' for p in files) + "]"
+        load_before = os.getloadavg()
+        sampler = CpuSampler()
+        sampler.watch("simulation", None)
+        sampler.start()
         simulated = run_experiment(load_config(d.plan, [f"data.files={quoted}"]), out=root / "sim")
+        sampler.stop()
+        sim_cpu = sampler.per_round("simulation", round_ends(root / "sim" / "audit.db"))
         log("simulation done; starting the deployment")
         coordinator, port = demo.start_coordinator(d, log=root / "coordinator.log")
         sites = [subprocess.Popen(demo.join_command(d, k, port, policy=policy), stdout=subprocess.DEVNULL,
                                   stderr=open(root / f"site-{k}.log", "w")) for k in range(args.sites)]
+        sampler = CpuSampler()
+        sampler.watch("coordinator", coordinator.pid)
+        for k, p in enumerate(sites):
+            sampler.watch(f"site-{k}", p.pid)
+        sampler.start()
         try:
             coordinator.communicate(timeout=3000)
             for p in sites:
                 p.wait(timeout=120)
         finally:
+            sampler.stop()
             for p in [coordinator, *sites]:
                 if p.poll() is None:
                     p.kill()
@@ -129,6 +215,11 @@ def main() -> None:
             counted = p["from_site"] + p["to_site"] + jobs * model_bytes
             per_site.append((w["from_site"] + w["to_site"]) / counted)
         up = [wire[n]["from_site"] / max(1, protocol[n]["from_site"]) for n in protocol]
+        ends = round_ends(d.run_dir / "audit.db")
+        coordinator_cpu = sampler.per_round("coordinator", ends)
+        site_cpu = [sampler.per_round(f"site-{k}", ends) for k in range(args.sites)]
+        total_cpu = coordinator_cpu + sum(site_cpu)
+        cores = os.cpu_count() or 1
         result = {
             "sites": args.sites, "params": _parameters(model, features), "model": model,
             "rounds": args.rounds,
@@ -136,6 +227,13 @@ def main() -> None:
             "deployed_over_simulated": round(dep_s / sim_s, 3),
             "wire_over_protocol": round(max(per_site), 4),
             "wire_over_protocol_upload": round(max(up), 4),
+            "cpu_seconds_per_round": {
+                "simulated": round(sim_cpu, 4), "coordinator": round(coordinator_cpu, 4),
+                "site_mean": round(statistics.mean(site_cpu), 4), "sites_total": round(sum(site_cpu), 4),
+                "deployed_total": round(total_cpu, 4)},
+            "cores": cores,
+            "cpu_floor_over_simulated": round(total_cpu / cores / sim_s, 3),
+            "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
             "simulated_accuracy": simulated["final_accuracy"],
             "deployed_accuracy": deployed["final_accuracy"],
             "goal": "deployed_over_simulated <= 1.5 and wire_over_protocol <= 1.1 at 10 sites x 100k",

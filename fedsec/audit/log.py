@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from fedsec.secagg.keys import SigningKey
 from fedsec.state.durable import open_durable
 
@@ -144,6 +146,7 @@ class AuditLog:
         if not self.path.parent.is_dir():
             raise ValueError(f"path: directory {self.path.parent} does not exist")
         self.actor, self.run_id, self._key = actor, run_id, key
+        self._signer = Ed25519PrivateKey.from_private_bytes(key.private)  # built once, not per row
         self.fingerprint = fingerprint(key.public)
         self._db = _connect(self.path)
         self._db.execute("BEGIN IMMEDIATE")
@@ -196,13 +199,12 @@ class AuditLog:
                 digest = hashlib.sha256(canonical(seq, stamp, self.actor, action, self.run_id, round_,
                                                   stage, text, peer_ref, self.fingerprint, prev)).digest()
                 event = Event(seq, stamp, self.actor, action, self.run_id, round_, stage, text, peer_ref,
-                              self.fingerprint, prev, digest.hex(), self._key.sign(digest).hex())
-                self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (event.seq, event.time, event.actor, event.action, event.run_id,
-                                  event.round, event.stage, event.details, event.peer_ref, event.key_fp,
-                                  event.prev_hash, event.hash, event.signature))
+                              self.fingerprint, prev, digest.hex(), self._signer.sign(digest).hex())
                 events.append(event)
                 prev = event.hash
+            self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 [(e.seq, e.time, e.actor, e.action, e.run_id, e.round, e.stage, e.details,
+                                   e.peer_ref, e.key_fp, e.prev_hash, e.hash, e.signature) for e in events])
         except BaseException:
             self._db.execute("ROLLBACK")
             raise

@@ -75,32 +75,46 @@ class _RecordingServer(TransportServer):
 
     def admit(self, context: grpc.ServicerContext) -> Peer:
         peer = super().admit(context)
-        self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
-        self.peers[peer.name] = peer
+        if self.peers.get(peer.name) is not peer:  # a new or another certificate: keep its PEM
+            self.certificates[peer.name] = context.auth_context()["x509_pem_cert"][0]
+            self.peers[peer.name] = peer
         self._local.peer = peer.name
         return peer
 
     def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         self._local.peer = None
         up = [0]
-
-        def counted() -> Iterator[bytes]:
-            for chunk in requests:
-                up[0] += len(chunk)
-                yield chunk
-
         down = 0
         try:
-            for chunk in super()._exchange(counted(), context):
+            for chunk in super()._exchange(self._counted(requests, up), context):
                 down += len(chunk)
                 yield chunk
         finally:
-            name = self._local.peer
-            if name is not None:
-                with self._count:
-                    totals = self.wire.setdefault(name, [0, 0])
-                    totals[0] += up[0]
-                    totals[1] += down
+            self._add(up[0], down)
+
+    def _call(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        self._local.peer = None
+        up = [0]
+        reply = b""
+        try:
+            reply = super()._call(self._counted(requests, up), context)
+            return reply
+        finally:
+            self._add(up[0], len(reply))
+
+    @staticmethod
+    def _counted(requests: Iterator[bytes], up: list[int]) -> Iterator[bytes]:
+        for chunk in requests:
+            up[0] += len(chunk)
+            yield chunk
+
+    def _add(self, up: int, down: int) -> None:
+        name = self._local.peer
+        if name is not None:
+            with self._count:
+                totals = self.wire.setdefault(name, [0, 0])
+                totals[0] += up
+                totals[1] += down
 
 
 class Hub:

@@ -15,6 +15,10 @@ digest mismatch. TLS already protects the stream against a network attacker; the
 topic to the payload and catches truncation or a bug on either end. No single gRPC message is
 larger than ``CHUNK_BYTES``, so gRPC's message-size limits
 stay small and explicit however large the model.
+
+A payload whose header and bytes fit in one gRPC message may instead travel as a *single*
+message, ``header | payload`` (:func:`single`, read with :func:`unpack`): the same header, the
+same checks, no chunk messages. The transport uses it for its unary fast path.
 """
 
 from __future__ import annotations
@@ -53,6 +57,56 @@ def frames(topic: str, payload: bytes | bytearray | memoryview) -> Iterator[byte
         yield bytes(view[start:start + CHUNK_BYTES])
 
 
+def single(topic: str, payload: bytes | bytearray | memoryview) -> bytes | None:
+    """The header and the payload as one message, or None when that exceeds :data:`MESSAGE_MAX`."""
+    name = topic.encode()
+    if not 1 <= len(name) <= 255:
+        raise ValueError("topic: must be 1-255 bytes of UTF-8")
+    view = memoryview(payload).cast("B")
+    if _FIXED.size + len(name) + len(view) > MESSAGE_MAX:
+        return None
+    return b"".join((_FIXED.pack(MAGIC, len(view), _digest(name, view), len(name)), name, view))
+
+
+def _header(message: bytes, *, max_payload: int) -> tuple[str, int, bytes, int]:
+    """``(topic, announced length, digest, header size)`` of the header at the start of ``message``."""
+    if len(message) < _FIXED.size:
+        raise MalformedFrame("frame header: missing or of the wrong size")
+    magic, length, digest, topic_len = _FIXED.unpack_from(message)
+    size = _FIXED.size + topic_len
+    if magic != MAGIC or topic_len == 0 or len(message) < size:
+        raise MalformedFrame("frame header: not a fedsec frame")
+    try:
+        topic = message[_FIXED.size:size].decode()
+    except UnicodeDecodeError:
+        raise MalformedFrame("frame header: topic is not UTF-8") from None
+    if length > max_payload:
+        raise MalformedFrame(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
+    return topic, length, digest, size
+
+
+def unpack(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[str, bytes]:
+    """Read one :func:`single` message from ``messages`` (exactly one); returns ``(topic, payload)``.
+
+    Raises:
+        MalformedFrame: no message or more than one, a bad header, a payload over ``max_payload``
+            bytes, a length or SHA-256 mismatch.
+    """
+    stream = iter(messages)
+    message = next(stream, None)
+    if message is None or len(message) > MESSAGE_MAX:
+        raise MalformedFrame("frame: missing or larger than one message")
+    topic, length, digest, size = _header(message, max_payload=max_payload)
+    view = memoryview(message)[size:]
+    if len(view) != length:
+        raise MalformedFrame(f"frame: {len(view)} of {length} announced bytes arrived")
+    if _digest(message[_FIXED.size:size], view) != digest:
+        raise MalformedFrame("frame: SHA-256 mismatch")
+    if next(stream, None) is not None:
+        raise MalformedFrame("frame: more than one message")
+    return topic, bytes(view)
+
+
 def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[str, bytes]:
     """Read one framed payload from ``messages``; returns ``(topic, payload)``.
 
@@ -64,15 +118,9 @@ def reassemble(messages: Iterable[bytes], *, max_payload: int = DEFAULT_MAX_PAYL
     header = next(stream, None)
     if header is None or len(header) < _FIXED.size or len(header) > HEADER_MAX:
         raise MalformedFrame("frame header: missing or of the wrong size")
-    magic, length, digest, topic_len = _FIXED.unpack_from(header)
-    if magic != MAGIC or len(header) != _FIXED.size + topic_len or topic_len == 0:
+    topic, length, digest, size = _header(header, max_payload=max_payload)
+    if len(header) != size:
         raise MalformedFrame("frame header: not a fedsec frame")
-    try:
-        topic = header[_FIXED.size:].decode()
-    except UnicodeDecodeError:
-        raise MalformedFrame("frame header: topic is not UTF-8") from None
-    if length > max_payload:
-        raise MalformedFrame(f"frame header: payload of {length} bytes exceeds the limit of {max_payload}")
     buffer = bytearray()
     for chunk in stream:
         if len(chunk) > CHUNK_BYTES or len(buffer) + len(chunk) > length:

@@ -6,6 +6,10 @@ calls a site: it puts a job in the site's mailbox and the site picks it up with 
 ``answer`` call. :meth:`Mailboxes.exchange` posts one job to each of several sites and waits
 until all have answered or the stage deadline passes; a job not answered in time is withdrawn
 (an answer that arrives later is refused as unknown) and the site is a dropout for that stage.
+
+One lock guards everything; each site's poll waits on its own condition and the exchanges on
+another, so a job or an answer wakes only the thread that waits for it (with one condition for
+all, every answer woke every site's poll thread: a herd of wake-ups per stage on few cores).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ class Mailboxes:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = frozenset(names)
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        """The exchanges wait on it (answers); each site's poll on its own in ``_site_cond``."""
+        self._site_cond = {n: threading.Condition(lock) for n in names}
         self._queues: dict[str, deque[tuple[int, bytes]]] = {n: deque() for n in names}
         self._pending: dict[int, str] = {}
         self._answers: dict[int, bytes] = {}
@@ -49,7 +56,7 @@ class Mailboxes:
                 left = end - time.monotonic()
                 if left <= 0:
                     return None
-                self._cond.wait(left)
+                self._site_cond[name].wait(left)
             return self._queues[name].popleft() if self._queues[name] else None
 
     def answer(self, name: str, job: int, payload: bytes) -> bool:
@@ -71,7 +78,7 @@ class Mailboxes:
             for name, (job, payload) in jobs.items():
                 self._queues[name].append((job, payload))
                 self._pending[job] = name
-            self._cond.notify_all()
+                self._site_cond[name].notify_all()
             waiting = {job for job, _ in jobs.values()}
             while waiting & set(self._pending) and not self._closed:
                 left = end - time.monotonic()
@@ -91,7 +98,7 @@ class Mailboxes:
         """Queue a job that needs no answer (e.g. the end of the run)."""
         with self._cond:
             self._queues[name].append((job, payload))
-            self._cond.notify_all()
+            self._site_cond[name].notify_all()
 
     def queued(self, name: str) -> int:
         """Jobs waiting for ``name`` to poll them."""
@@ -105,9 +112,12 @@ class Mailboxes:
                 self._pending.pop(job, None)
             self._queues[name].clear()
             self._cond.notify_all()
+            self._site_cond[name].notify_all()
 
     def close(self) -> None:
         """Wake every waiter; polls return None from now on once the queues are empty."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            for condition in self._site_cond.values():
+                condition.notify_all()

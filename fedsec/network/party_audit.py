@@ -10,8 +10,19 @@ the message belongs to, so ``fedsec audit reconcile`` pairs them.
 
 The coordinator serves calls on many threads; SQLite connections belong to one thread, so every
 write goes through one writer thread, which commits whatever is waiting in one transaction (group
-commit: one fsync for the events of many concurrent calls). Each call still waits until its events
-are on disk.
+commit: one fsync for the events of many concurrent calls), in the order the events were made.
+
+Durability rule (group commit): a row is on disk (``synchronous = FULL``) before anything that
+depends on it leaves the party. The message rows (``send``/``receive``) are queued without waiting:
+nothing depends on them, and they are committed with the next batch; so are the acknowledgements of a
+peer's head (:meth:`PartyAudit.ack`). Every other event
+(:meth:`PartyAudit.event`) waits until it and every row queued before it
+are committed, and so does :meth:`PartyAudit.head`, which hands this log's head to a peer: an
+acknowledged head never names a row that is not on disk. Released models, ledger charges and
+consumed contributions are recorded with ``event`` (the contribution in the site's own durable
+``site.db`` first) before what depends on them is sent. A crash can lose only message rows of the
+calls since the last waited-for event. If a queued batch fails to commit, every later call raises
+that error: the log stops rather than skip rows.
 """
 
 from __future__ import annotations
@@ -74,7 +85,9 @@ class PartyAudit:
             beside = Path(directory) / f"{actor}.crt"
             if not beside.exists() or beside.read_bytes() != certificate:
                 beside.write_bytes(certificate)
-        self._queue: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Any, Future | None] | None] = queue.Queue()
+        self._failed: BaseException | None = None
+        """The error of a queued batch that did not commit: every later call raises it."""
         self._thread = threading.Thread(target=self._write, name="audit-writer", daemon=True)
         self._thread.start()
         self._acked: dict[str, int] = {}
@@ -97,35 +110,49 @@ class PartyAudit:
                     self._queue.put(None)
                     break
                 batch.append(item)
-            pending: list[tuple[list[Item], Future]] = []
+            pending: list[tuple[list[Item], Future | None]] = []
             for work, future in batch:
                 if isinstance(work, list):
                     pending.append((work, future))
                     continue
                 self._flush(pending)
                 pending = []
+                assert future is not None
+                if self._failed is not None and work != self.log.close:
+                    future.set_exception(self._failed)
+                    continue
                 try:
                     future.set_result(work())
                 except BaseException as error:  # noqa: BLE001 - handed to the caller
                     future.set_exception(error)
             self._flush(pending)
 
-    def _flush(self, pending: list[tuple[list[Item], Future]]) -> None:
+    def _flush(self, pending: list[tuple[list[Item], Future | None]]) -> None:
         if not pending:
             return
-        try:
-            self.log.append_many([item for items, _ in pending for item in items])
-        except BaseException as error:  # noqa: BLE001 - every caller of the batch learns of it
-            for _, future in pending:
-                future.set_exception(error)
-            return
+        if self._failed is None:
+            try:
+                self.log.append_many([item for items, _ in pending for item in items])
+            except BaseException as error:  # noqa: BLE001 - every caller of the batch learns of it
+                self._failed = error
         for _, future in pending:
-            future.set_result(None)
+            if future is None:
+                continue
+            if self._failed is not None:
+                future.set_exception(self._failed)
+            else:
+                future.set_result(None)
 
     def _call(self, work: Callable[[], Any] | list[Item]) -> Any:
         future: Future = Future()
         self._queue.put((work, future))
         return future.result()
+
+    def _queued(self, items: list[Item]) -> None:
+        """Queue message rows without waiting (see the module's durability rule)."""
+        if self._failed is not None:
+            raise self._failed
+        self._queue.put((items, None))
 
     def event(self, action: str, *, round: int | None = None, stage: str | None = None,
               details: dict[str, Any] | None = None, peer_ref: str | None = None) -> None:
@@ -133,15 +160,15 @@ class PartyAudit:
 
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
-        """A call this party made: its request to ``peer`` and the reply."""
-        self._call([("send", round, None, message("to", peer, kind, request), None),
-                    ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
+        """A call this party made: its request to ``peer`` and the reply (queued: see the module)."""
+        self._queued([("send", round, None, message("to", peer, kind, request), None),
+                      ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
 
     def received_then_sent(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
-        """A call this party served: ``peer``'s request and this party's reply."""
-        self._call([("receive", round, None, message("from", peer, kind, request), None),
-                    ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
+        """A call this party served: ``peer``'s request and this party's reply (queued: see the module)."""
+        self._queued([("receive", round, None, message("from", peer, kind, request), None),
+                      ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
 
     def head(self) -> dict[str, Any]:
         """This log's head, to hand to a peer (JSON)."""
@@ -164,14 +191,21 @@ class PartyAudit:
         return problem
 
     def ack(self, head: dict[str, Any], *, round: int | None = None) -> None:
-        """Record a peer's head (see :meth:`AuditLog.ack`); a malformed head is ignored."""
+        """Record a peer's head (the row :meth:`AuditLog.ack` writes); a malformed head is ignored.
+        Queued like a message row: nothing this party sends depends on it."""
         try:
             peer = Head(str(head["actor"]), str(head["fingerprint"]), int(head["seq"]), str(head["hash"]))
         except (KeyError, TypeError, ValueError):
             return
-        self._call(lambda: self.log.ack(peer, round=round))
+        self._queued([("ack", round, None, {"actor": peer.actor, "fingerprint": peer.fingerprint,
+                                            "seq": peer.seq, "hash": peer.hash}, peer.ref())])
 
     def close(self) -> None:
-        self._call(self.log.close)
-        self._queue.put(None)
-        self._thread.join()
+        """Commit what is queued and close the log (raises the error of a batch that failed)."""
+        try:
+            self._call(self.log.close)
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+        if self._failed is not None:
+            raise self._failed

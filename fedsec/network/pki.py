@@ -363,6 +363,8 @@ class Trust:
 
     def __init__(self, *, ca_cert: x509.Certificate, crl_path: str | Path | None = None) -> None:
         self.ca_cert = ca_cert
+        self.ca_id = ca_cert.fingerprint(hashes.SHA256())
+        """SHA-256 of the root's DER (keys :func:`verify_peer`'s cache of verified certificates)."""
         self.crl_path = None if crl_path is None else Path(crl_path)
         self._revoked: frozenset[int] = frozenset()
         self._stamp: int | None = None
@@ -393,6 +395,56 @@ class Trust:
         return self._revoked
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """What a certificate's bytes fix once its signature by a root verified: its validity period,
+    the first structural problem (reason, detail) or its name, role and keys."""
+
+    not_before: dt.datetime
+    not_after: dt.datetime
+    problem: tuple[str, str] | None
+    peer: Peer | None
+
+
+_CHECKED: dict[tuple[bytes, bytes], _Checked] = {}
+CHECKED_CACHE = 4096
+"""Certificates whose chain verified, kept per (root, certificate bytes): a certificate presented
+again (every call of a peer, every relayed ring) is not parsed and its signature not verified
+again; what can change (time, revocation list, roles and roster asked for) is checked every time."""
+
+
+def _checked(cert: x509.Certificate | bytes, trust: Trust) -> _Checked:
+    key = (trust.ca_id, cert if isinstance(cert, bytes) else cert.public_bytes(serialization.Encoding.DER))
+    found = _CHECKED.get(key)
+    if found is not None:
+        return found
+    try:
+        if isinstance(cert, bytes):
+            cert = x509.load_pem_x509_certificate(cert)
+        cert.verify_directly_issued_by(trust.ca_cert)
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm, x509.InvalidVersion):
+        raise PeerRejected("chain") from None
+    problem, peer = None, None
+    try:
+        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+            problem = ("not_leaf", "")
+        else:
+            name = check_name(_one_attribute(cert.subject, NameOID.COMMON_NAME, "common name"))
+            role = check_role(_one_attribute(cert.subject, NameOID.ORGANIZATIONAL_UNIT_NAME, "role"))
+            if _dns_names(cert.extensions) != [dns_name(name, role)]:
+                problem = ("malformed", name)
+            else:
+                peer = Peer(name=name, role=role, fingerprint=fingerprint(cert.public_key()),
+                            identity_key=_identity_from(cert.extensions), serial=cert.serial_number)
+    except (EnrolmentError, x509.ExtensionNotFound, ValueError):
+        problem = ("malformed", "")
+    checked = _Checked(cert.not_valid_before_utc, cert.not_valid_after_utc, problem, peer)
+    if len(_CHECKED) >= CHECKED_CACHE:
+        _CHECKED.clear()
+    _CHECKED[key] = checked
+    return checked
+
+
 def verify_peer(cert: x509.Certificate | bytes, *, trust: Trust, roles: tuple[str, ...] | frozenset[str],
                 roster: frozenset[str] | set[str] | tuple[str, ...] | None = None,
                 now: dt.datetime | None = None) -> Peer:
@@ -400,33 +452,23 @@ def verify_peer(cert: x509.Certificate | bytes, *, trust: Trust, roles: tuple[st
 
     Checks in order: issued by the root (signature and issuer), inside its validity period, a
     leaf (not a CA), a role in ``roles``, not revoked, and its name on ``roster`` (``None``: any).
+    The first check and the certificate's parsing are done once per certificate and root
+    (:data:`CHECKED_CACHE`); the others on every call.
     """
-    try:
-        if isinstance(cert, bytes):
-            cert = x509.load_pem_x509_certificate(cert)
-        cert.verify_directly_issued_by(trust.ca_cert)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm, x509.InvalidVersion):
-        raise PeerRejected("chain") from None
+    checked = _checked(cert, trust)
     moment = now or _now()
-    if moment < cert.not_valid_before_utc:
+    if moment < checked.not_before:
         raise PeerRejected("not_yet_valid")
-    if moment > cert.not_valid_after_utc:
+    if moment > checked.not_after:
         raise PeerRejected("expired")
-    try:
-        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
-            raise PeerRejected("not_leaf")
-        name = check_name(_one_attribute(cert.subject, NameOID.COMMON_NAME, "common name"))
-        role = check_role(_one_attribute(cert.subject, NameOID.ORGANIZATIONAL_UNIT_NAME, "role"))
-        if _dns_names(cert.extensions) != [dns_name(name, role)]:
-            raise PeerRejected("malformed", name)
-        identity = _identity_from(cert.extensions)
-    except (EnrolmentError, x509.ExtensionNotFound, ValueError):
-        raise PeerRejected("malformed") from None
-    if role not in roles:
-        raise PeerRejected("role", f"{name} is a {role}")
-    if cert.serial_number in trust.revoked():
-        raise PeerRejected("revoked", name)
-    if roster is not None and name not in roster:
-        raise PeerRejected("roster", name)
-    return Peer(name=name, role=role, fingerprint=fingerprint(cert.public_key()), identity_key=identity,
-                serial=cert.serial_number)
+    if checked.problem is not None:
+        raise PeerRejected(*checked.problem)
+    peer = checked.peer
+    assert peer is not None
+    if peer.role not in roles:
+        raise PeerRejected("role", f"{peer.name} is a {peer.role}")
+    if peer.serial in trust.revoked():
+        raise PeerRejected("revoked", peer.name)
+    if roster is not None and peer.name not in roster:
+        raise PeerRejected("roster", peer.name)
+    return peer

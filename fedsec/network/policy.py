@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -191,8 +192,10 @@ class PlanFacts:
     unit: str = "example"
 
 
+@functools.lru_cache(maxsize=64)
 def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> PlanFacts:
-    """Read the policy-relevant facts from a plan's configuration.
+    """Read the policy-relevant facts from a plan's configuration (a pure function of its
+    arguments, both immutable: computed once per plan, as a site checks them at every aggregation).
 
     Args:
         config: the plan's experiment configuration (already validated).

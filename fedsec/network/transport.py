@@ -1,9 +1,20 @@
-"""gRPC with mutual TLS between the parties of a federation: one generic bytes method, chunked.
+"""gRPC with mutual TLS between the parties of a federation: two generic bytes methods.
 
-One bidirectional-streaming method ``/fedsec.v1.Transport/Exchange`` carries one framed request
-(:mod:`fedsec.network.framing`) and returns one framed reply; no protoc code generation, the
-messages are the protocols' canonical bytes. Both ends build their TLS credentials from the
-federation's root and their own certificate and key:
+Two methods carry one framed request (:mod:`fedsec.network.framing`) and return one framed
+reply; no protoc code generation, the messages are the protocols' canonical bytes:
+
+- ``/fedsec.v1.Transport/Call``, the fast path: a request whose header and payload fit in one gRPC
+  message travels as that one message (:func:`~fedsec.network.framing.single`) and the client
+  calls it as a unary call (gRPC Python's unary path starts no threads: about a quarter of a
+  streaming call's CPU). The server reads it as a stream (so it takes the peer's slot and arms the
+  read deadline before it reads, as below) and answers with one message. A reply too large for
+  one message is *spilled*: the server keeps it under a random ticket bound to the peer's name (at
+  most ``max_calls_per_peer`` kept per peer, each handed out once) and answers with the ticket
+  under the topic :data:`SPILL`; the client fetches it with one ``Exchange`` call.
+- ``/fedsec.v1.Transport/Exchange``: bidirectional streaming, the header then chunks, for requests
+  larger than one message and for spilled replies.
+
+Both ends build their TLS credentials from the federation's root and their own certificate and key:
 
 - the server requires a client certificate chaining to the root (TLS), and on every call reads
   the client's verified certificate from the gRPC auth context and admits it with
@@ -30,11 +41,15 @@ all its calls leaves every other peer its own threads.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -43,11 +58,15 @@ import grpc
 from cryptography import x509
 
 from fedsec.network.errors import MalformedFrame, PeerRejected
-from fedsec.network.framing import DEFAULT_MAX_PAYLOAD, MESSAGE_MAX, frames, reassemble
+from fedsec.network.framing import DEFAULT_MAX_PAYLOAD, MESSAGE_MAX, frames, reassemble, single, unpack
 from fedsec.network.pki import Peer, Trust, dns_name, verify_peer
 
 SERVICE = "fedsec.v1.Transport"
 METHOD = f"/{SERVICE}/Exchange"
+CALL = f"/{SERVICE}/Call"
+SPILL = "fedsec.spill"
+"""The topic of a spilled reply's ticket, and of the ``Exchange`` call that fetches it."""
+TICKET_BYTES = 16
 DEFAULT_DEADLINE = 60.0
 DEFAULT_READ_DEADLINE = 60.0
 """Seconds a server waits for a whole request (header and chunks) to arrive."""
@@ -67,6 +86,50 @@ class TransportError(Exception):
     def __init__(self, code: str, message: str = "") -> None:
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code
+
+
+class Watchdog:
+    """One thread that runs ``expire()`` callbacks at their deadlines (the servers' read deadlines:
+    one timer thread for all calls instead of a new thread per call)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._live: set[int] = set()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float, expire: Callable[[], None]) -> int:
+        """Call ``expire()`` in ``seconds`` unless :meth:`disarm` is called first; returns a handle."""
+        with self._cond:
+            handle = next(self._ids)
+            heapq.heappush(self._heap, (time.monotonic() + seconds, handle, expire))
+            self._live.add(handle)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="read-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return handle
+
+    def disarm(self, handle: int) -> None:
+        with self._cond:
+            self._live.discard(handle)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                left = self._heap[0][0] - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                _, handle, expire = heapq.heappop(self._heap)
+                self._live.discard(handle)
+            expire()
 
 
 def _options(max_payload: int) -> list[tuple[str, int]]:
@@ -126,10 +189,13 @@ class TransportServer:
         self.workers = workers
         self._in_flight: dict[str, int] = {}
         self._slots = threading.Lock()
+        self._spilled: dict[str, dict[bytes, tuple[str, bytes]]] = {}
+        self._watchdog = Watchdog()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                    options=_options(max_payload))
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            SERVICE, {"Exchange": grpc.stream_stream_rpc_method_handler(self._exchange)}),))
+            SERVICE, {"Exchange": grpc.stream_stream_rpc_method_handler(self._exchange),
+                      "Call": grpc.stream_unary_rpc_method_handler(self._call)}),))
         credentials = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=trust.ca_pem,
                                                   require_client_auth=True)
         self.port = self._server.add_secure_port(listen, credentials)
@@ -158,6 +224,25 @@ class TransportServer:
                            roster=self.roster)
 
     def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        _, served = self._admitted(requests, context, reassemble)
+        if served is not None:
+            yield from frames(*served)
+
+    def _call(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The unary fast path: one message in, one out (a spilled reply's ticket if too large)."""
+        peer, served = self._admitted(requests, context, unpack)
+        if served is None:
+            return b""  # the call was cancelled: nobody reads this
+        message = single(*served)
+        if message is None:
+            message = single(SPILL, self._spill(peer.name, *served))
+        assert message is not None
+        return message
+
+    def _admitted(self, requests: Iterator[bytes], context: grpc.ServicerContext,
+                  read: Callable[..., tuple[str, bytes]]) -> tuple[Peer, tuple[str, bytes] | None]:
+        """Admit the caller, take one of its slots, read its request with ``read`` and serve it;
+        the peer and the reply (None: the request missed the read deadline or was cancelled)."""
         try:
             peer = self.admit(context)
         except PeerRejected as error:
@@ -169,11 +254,27 @@ class TransportServer:
             _log.warning("%s has %d calls in flight: refused one more", peer.name, self.max_calls_per_peer)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls in flight")
         try:
-            served = self._serve(peer, requests, context)
+            return peer, self._serve(peer, requests, context, read)
         finally:
             self._release_slot(peer.name)
-        if served is not None:
-            yield from frames(*served)
+
+    def _spill(self, name: str, topic: str, reply: bytes) -> bytes:
+        """Keep ``reply`` for ``name`` to fetch once; returns its ticket (the oldest kept is dropped
+        beyond ``max_calls_per_peer``)."""
+        ticket = os.urandom(TICKET_BYTES)
+        with self._slots:
+            kept = self._spilled.setdefault(name, {})
+            kept[ticket] = (topic, reply)
+            while len(kept) > self.max_calls_per_peer:
+                del kept[next(iter(kept))]
+        return ticket
+
+    def _unspill(self, name: str, ticket: bytes) -> tuple[str, bytes]:
+        with self._slots:
+            kept = self._spilled.get(name, {})
+            if ticket not in kept:
+                raise ValueError("no spilled reply under this ticket")
+            return kept.pop(ticket)
 
     def _take_slot(self, name: str) -> bool:
         with self._slots:
@@ -193,8 +294,8 @@ class TransportServer:
         with self._slots:
             return self._in_flight.get(name, 0)
 
-    def _read(self, peer: Peer, requests: Iterator[bytes],
-              context: grpc.ServicerContext) -> tuple[str, bytes] | None:
+    def _read(self, peer: Peer, requests: Iterator[bytes], context: grpc.ServicerContext,
+              read: Callable[..., tuple[str, bytes]] = reassemble) -> tuple[str, bytes] | None:
         """The request, or None when it missed :attr:`read_deadline` (the call is cancelled)."""
         late = threading.Event()
 
@@ -202,28 +303,28 @@ class TransportServer:
             late.set()
             context.cancel()
 
-        timer = threading.Timer(self.read_deadline, expire)
-        timer.daemon = True
-        timer.start()
+        timer = self._watchdog.arm(self.read_deadline, expire)
         try:
-            return reassemble(requests, max_payload=self.max_payload)
+            return read(requests, max_payload=self.max_payload)
         except (grpc.RpcError, MalformedFrame):
             if not late.is_set():  # a cancelled call's stream may raise or just end: either way late
                 raise
         finally:
-            timer.cancel()
+            self._watchdog.disarm(timer)
         _log.warning("%s: request not complete within %.3g s: dropped", peer.name, self.read_deadline)
         if self.on_slow is not None:
             self.on_slow(peer)
         return None
 
-    def _serve(self, peer: Peer, requests: Iterator[bytes],
-               context: grpc.ServicerContext) -> tuple[str, bytes] | None:
+    def _serve(self, peer: Peer, requests: Iterator[bytes], context: grpc.ServicerContext,
+               read: Callable[..., tuple[str, bytes]] = reassemble) -> tuple[str, bytes] | None:
         try:
-            request = self._read(peer, requests, context)
+            request = self._read(peer, requests, context, read)
             if request is None:
                 return None
             topic, payload = request
+            if topic == SPILL:
+                return self._unspill(peer.name, payload)
             reply = self.handler(peer, topic, payload)
         except ValueError as error:
             _log.warning("malformed message from %s: %s", peer.name, error)
@@ -271,6 +372,7 @@ class TransportClient:
                    ("grpc.ssl_target_name_override", dns_name(server_name, server_role))]
         self._channel = grpc.secure_channel(address, credentials, options=options)
         self._exchange = self._channel.stream_stream(METHOD)
+        self._unary = self._channel.unary_unary(CALL)
         self._server_checked = False
         self.server: Peer | None = None
         """The server's admitted certificate, once :meth:`check_server` ran (before the first call)."""
@@ -309,14 +411,26 @@ class TransportClient:
         """
         if not self._server_checked:
             self.check_server()
+        timeout = deadline or self.deadline
+        end = time.monotonic() + timeout
+        message = single(topic, payload)
         try:
-            replies = self._exchange(frames(topic, payload), timeout=deadline or self.deadline)
-            reply_topic, reply = reassemble(replies, max_payload=self.max_payload)
+            if message is None:
+                reply_topic, reply = self._streamed(topic, payload, timeout)
+            else:
+                reply_topic, reply = unpack((self._unary(message, timeout=timeout),),
+                                            max_payload=self.max_payload)
+                if reply_topic == SPILL and topic != SPILL:
+                    reply_topic, reply = self._streamed(SPILL, reply, max(end - time.monotonic(), 0.001))
         except grpc.RpcError as error:
             raise TransportError(error.code().name, error.details() or "") from None
         if reply_topic != topic:
             raise MalformedFrame(f"reply topic {reply_topic!r} does not answer {topic!r}")
         return reply
+
+    def _streamed(self, topic: str, payload: bytes, timeout: float) -> tuple[str, bytes]:
+        replies = self._exchange(frames(topic, payload), timeout=timeout)
+        return reassemble(replies, max_payload=self.max_payload)
 
     def close(self) -> None:
         self._channel.close()

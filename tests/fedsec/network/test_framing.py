@@ -67,3 +67,46 @@ def test_oversized_announcement_refused_before_reading_chunks():
         framing.reassemble([])
     with pytest.raises(ValueError, match="topic"):
         next(framing.frames("", b""))
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.sampled_from([0, 1, 1000, framing.MESSAGE_MAX - 64]), topic=st.text(min_size=1, max_size=40))
+def test_single_message_round_trip_and_its_limit(size, topic):
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    message = framing.single(topic, payload)
+    if message is None:
+        assert len(next(framing.frames(topic, b""))) + size > framing.MESSAGE_MAX
+        return
+    assert len(message) <= framing.MESSAGE_MAX
+    assert framing.unpack([message]) == (topic, payload)
+    assert framing.single(topic, b"x" * framing.MESSAGE_MAX) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_tampered_single_messages_are_refused_never_misread(data):
+    """Searching adversary on the wire against the unary path: flip, truncate, extend, split, repeat."""
+    payload = data.draw(st.binary(min_size=0, max_size=2000))
+    message = bytearray(framing.single("update", payload))
+    action = data.draw(st.sampled_from(["flip", "truncate", "extend", "split", "repeat"]))
+    index = data.draw(st.integers(0, len(message) - 1))
+    if action == "flip":
+        message[index] ^= data.draw(st.integers(1, 255))
+        messages = [bytes(message)]
+    elif action == "truncate":
+        messages = [bytes(message[:index])]
+    elif action == "extend":
+        messages = [bytes(message) + data.draw(st.binary(min_size=1, max_size=10))]
+    elif action == "split":
+        messages = [bytes(message[:index]), bytes(message[index:])]
+    else:
+        messages = [bytes(message), bytes(message)]
+    with pytest.raises(MalformedFrame):  # every edit changes the bytes: none may be accepted
+        framing.unpack(messages)
+
+
+def test_unpack_refuses_an_announcement_over_the_limit_and_an_empty_call():
+    with pytest.raises(MalformedFrame, match="exceeds the limit"):
+        framing.unpack([framing.single("big", b"x" * 100)], max_payload=99)
+    with pytest.raises(MalformedFrame):
+        framing.unpack([])

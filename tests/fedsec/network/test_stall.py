@@ -169,3 +169,53 @@ def test_a_server_too_small_for_its_roster_is_refused(deployment, kwargs, key):
         TransportServer(trust=pki.Trust.load(d.ca), cert_pem=d.coordinator.cert.read_bytes(),
                         key_pem=d.coordinator.key.read_bytes(), handler=lambda *a: b"",
                         roster={s.name for s in d.sites}, **kwargs)
+
+
+def test_calls_held_on_the_unary_method_are_capped_and_dropped_too(deployment, tmp_path):
+    """The same adversary on ``Call`` (the unary fast path): the server reads it as a stream, so the
+    slot is taken and the read deadline armed before any byte of the request is read."""
+    from fedsec.network.transport import CALL
+
+    d = deployment
+    plan = d.plan.read_bytes()
+    trust = pki.Trust.load(d.ca)
+    (tmp_path / "u").mkdir()
+    audit = PartyAudit(tmp_path / "u", actor="coordinator", key=load_identity(d.coordinator.identity),
+                       run_id="unary")
+    hub = Hub(config=loads_config(plan.decode()), plan_bytes=plan, trust=trust,
+              cert_pem=d.coordinator.cert.read_bytes(), key_pem=d.coordinator.key.read_bytes(), audit=audit,
+              listen="127.0.0.1:0", read_deadline=READ_DEADLINE)
+    port = hub.start()
+    attacker = d.sites[N - 1]
+    channel = grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(
+        root_certificates=trust.ca_pem, private_key=attacker.key.read_bytes(),
+        certificate_chain=attacker.cert.read_bytes()),
+        options=[("grpc.ssl_target_name_override", dns_name("coordinator", "server"))])
+    count = DEFAULT_CALLS_PER_PEER + 2
+    release = threading.Event()
+    try:
+        with TransportClient(address=f"127.0.0.1:{port}", trust=trust, cert_path=d.sites[0].cert,
+                             key_path=d.sites[0].key, server_name="coordinator") as honest:
+            calls = [channel.stream_unary(CALL).future(_held("nothing", release), timeout=30)
+                     for _ in range(count)]
+            try:
+                assert plan in honest.call("plan", b"", deadline=6.0)
+                codes = []
+                for call in calls:
+                    try:
+                        call.result()
+                        codes.append("OK")
+                    except grpc.RpcError as error:
+                        codes.append(error.code().name)
+            finally:
+                release.set()
+        assert codes.count("RESOURCE_EXHAUSTED") == count - DEFAULT_CALLS_PER_PEER, codes
+        assert codes.count("CANCELLED") == DEFAULT_CALLS_PER_PEER, codes
+        _until(lambda: hub.transport.in_flight(attacker.name) == 0)
+        dropouts = [e for e in read_events(tmp_path / "u" / LOG) if e.action == "dropout"]
+        assert [e.payload()["site"] for e in dropouts] == [attacker.name] * DEFAULT_CALLS_PER_PEER
+        assert attacker.name in hub.absent
+    finally:
+        channel.close()
+        hub.stop()
+        audit.close()

@@ -22,6 +22,8 @@ def _echo(peer, topic, payload):
         return f"{peer.name}/{peer.role}".encode()
     if topic == "bad":
         raise MalformedMessage("bad")
+    if topic == "grow":
+        return np.random.default_rng(int(payload)).bytes(int(payload))
     return payload
 
 
@@ -141,3 +143,60 @@ def test_deadline_and_payload_limit_are_enforced_over_the_wire(study, server):
         assert caught.value.code == "INVALID_ARGUMENT"
     finally:
         small.stop(0)
+
+
+def _raw_channel(study, server, party):
+    import grpc
+
+    from fedsec.network.pki import dns_name
+
+    return grpc.secure_channel(f"127.0.0.1:{server.port}", grpc.ssl_channel_credentials(
+        root_certificates=study.trust().ca_pem, private_key=party.key_pem, certificate_chain=party.cert_pem),
+        options=[("grpc.ssl_target_name_override", dns_name("coordinator", "server"))])
+
+
+def test_a_small_request_with_a_reply_larger_than_one_message_is_spilled_and_fetched(study, server):
+    from fedsec.network.framing import CHUNK_BYTES
+
+    size = 3 * CHUNK_BYTES + 5
+    with _client(study, server, study.parties["hosp-a"]) as client:
+        # a one-message request, its reply spilled and fetched by one streaming call
+        assert client.call("grow", str(size).encode()) == np.random.default_rng(size).bytes(size)
+        assert client.call("whoami", b"") == b"hosp-a/site"  # one message each way
+    assert not server._spilled.get("hosp-a")
+
+
+def test_a_spilled_reply_is_handed_once_and_only_to_its_peer(study):
+    """Adversary: an enrolled site that learns (or guesses) another site's spill ticket, and the
+    owner fetching the same ticket twice. The server is the project's unmodified TransportServer."""
+    from fedsec.network import framing
+    from fedsec.network.transport import CALL, METHOD, SPILL
+
+    big = np.random.default_rng(2).bytes(2 * framing.CHUNK_BYTES)
+    coordinator = study.parties["coordinator"]
+    srv = TransportServer(trust=study.trust(), cert_pem=coordinator.cert_pem, key_pem=coordinator.key_pem,
+                          handler=lambda peer, topic, payload: big, roster={"hosp-a", "hosp-b"})
+    srv.start()
+    owner, thief = (_raw_channel(study, srv, study.parties[n]) for n in ("hosp-a", "hosp-b"))
+    try:
+        reply = owner.unary_unary(CALL)(framing.single("job", b""), timeout=5)
+        topic, ticket = framing.unpack([reply])
+        assert topic == SPILL and len(ticket) == 16
+        import grpc
+
+        with pytest.raises(grpc.RpcError) as stolen:
+            list(thief.stream_stream(METHOD)(framing.frames(SPILL, ticket), timeout=5))
+        assert stolen.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        fetched = framing.reassemble(owner.stream_stream(METHOD)(framing.frames(SPILL, ticket), timeout=5))
+        assert fetched == ("job", big)
+        with pytest.raises(grpc.RpcError) as again:
+            list(owner.stream_stream(METHOD)(framing.frames(SPILL, ticket), timeout=5))
+        assert again.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # a peer that never fetches keeps at most max_calls_per_peer replies on the server
+        for _ in range(3 * srv.max_calls_per_peer):
+            owner.unary_unary(CALL)(framing.single("job", b""), timeout=5)
+        assert len(srv._spilled["hosp-a"]) == srv.max_calls_per_peer
+    finally:
+        owner.close()
+        thief.close()
+        srv.stop(0)
