@@ -94,7 +94,7 @@ class DPSGD:
         if std <= 0:
             return None
         sizes = [p.numel() for p in params]
-        drawn = torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
+        drawn = torch.from_numpy(self.random.normal(steps * sum(sizes), std, np.float32))
         drawn = drawn.view(steps, -1).to(params[0].device)
         return [z.view(steps, *p.shape) for z, p in zip(drawn.split(sizes, dim=1), params, strict=True)]
 
@@ -117,13 +117,11 @@ class DPSGD:
         masks = self.random.bernoulli(q, steps * n).reshape(steps, n)
         params = clipper.params
         noise = self._noise(params, steps, std)
+        per_step = None if noise is None else list(zip(*(z.unbind(0) for z in noise), strict=True))
         alpha = -self.lr / expected
         for step in range(steps):
             index = torch.from_numpy(np.flatnonzero(masks[step]))
-            grads, loss = clipper.clipped_sum(x[index], y[index], loss_fn)
+            loss = clipper.step(x[index], y[index], loss_fn, alpha=alpha,
+                                noise=None if per_step is None else list(per_step[step]))
             total_loss, seen = total_loss + loss, seen + int(index.numel())
-            if noise is not None:
-                torch._foreach_add_(grads, [z[step] for z in noise])
-            with torch.no_grad():
-                torch._foreach_add_(params, grads, alpha=alpha)
         return DPSGDResult(total_loss / max(seen, 1), q, steps)
