@@ -589,11 +589,10 @@ def layer_descend(layer: nn.Module, a: torch.Tensor, d: torch.Tensor,
     """Add ``alpha`` times :func:`layer_clipped_sum` to ``layer``'s parameters in place, each
     product fused into its addition where torch has the fused form (``addmm_``)."""
     weight, bias = layer.weight, layer.bias
-    if isinstance(layer, nn.Linear):
-        ds = d * scale[:, None]
-        weight.addmm_(ds.T, a, alpha=alpha)
+    if isinstance(layer, nn.Linear):  # W += alpha (D^T diag(c)) A, b += alpha D^T c
+        weight.addmm_(d.T * scale, a, alpha=alpha)
         if bias is not None:
-            bias.add_(ds.sum(0), alpha=alpha)
+            bias.addmv_(d.T, scale, alpha=alpha)
         return
     if saved is not None:
         per_weight, per_bias = saved

@@ -17,9 +17,10 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from fedsec.dp import per_sample
+from fedsec.dp import DPSGD, dpsgd, per_sample
 from fedsec.dp.noise import SecureRandom
 from fedsec.dp.per_sample import PerExampleClipper
+from fedsec.fl_core.models import build_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -144,3 +145,32 @@ def test_float32_noise_is_the_float64_noise_rounded(size, scale, seed):
     wide = SecureRandom.from_seed(seed, "n").normal(size, scale)
     narrow = SecureRandom.from_seed(seed, "n").normal(size, scale, np.float32)
     assert narrow.dtype == np.float32 and np.array_equal(narrow, wide.astype(np.float32))
+
+
+@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=30), rows=st.integers(1, 25))
+@settings(max_examples=60, deadline=None)
+def test_the_gathers_cover_every_step_once_within_the_bound(counts, rows):
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    ranges = dpsgd._gathers(bounds, rows)
+    assert [s for first, last in ranges for s in range(first, last)] == list(range(len(counts)))
+    for first, last in ranges:
+        assert last == first + 1 or bounds[last] - bounds[first] <= rows
+
+
+@pytest.mark.parametrize("model_name", ["logreg", "cnn"])
+def test_dpsgd_does_not_depend_on_how_the_batches_are_gathered(model_name):
+    """The same stream gives the same model whether each step's batch is gathered on its own (a
+    bound of one byte) or many steps' batches at once."""
+    shape = (1, 8, 8) if model_name == "cnn" else (5,)
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(60, *shape)).astype(np.float32))
+    y = torch.from_numpy(np.random.default_rng(1).integers(0, 3, 60))
+    models = []
+    for limit in (1, dpsgd.GATHER_BYTES):
+        model = build_model(model_name, input_shape=shape, n_classes=3, seed=2)
+        optimizer = DPSGD(noise_multiplier=1.0, max_grad_norm=0.5, batch_size=8, epochs=2, lr=0.2,
+                          random=SecureRandom.from_seed(5, "gather"))
+        with mock.patch.object(dpsgd, "GATHER_BYTES", limit):
+            optimizer.train(model, x, y, _loss)
+        models.append(model)
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p, q)
