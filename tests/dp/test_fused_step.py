@@ -174,3 +174,31 @@ def test_dpsgd_does_not_depend_on_how_the_batches_are_gathered(model_name):
         models.append(model)
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+@given(case=conv_models(), scale=st.sampled_from([1.0, 1e2, 1e4, 1e6]), target=st.integers(0, 2),
+       index=st.integers(0, 8), search=st.integers(0, 2**16))
+@settings(max_examples=20, deadline=None)
+def test_an_adversarial_record_moves_the_fused_step_by_at_most_alpha_c(case, scale, target, index, search):
+    """Adversary: one record of the batch, chosen to pull hardest (its input scaled up to 1e6 or
+    replaced by a random search point, any label), against the unmodified fused step. Adding it
+    (DP-SGD's neighbouring relation) moves the parameters after the step by at most |alpha| C in
+    L2 norm over all parameters, on both norm methods."""
+    *shape, bound, seed = case
+    model, x, y = _build(*shape, seed)
+    index = index % x.shape[0]
+    evil_x, evil_y = x.clone(), y.clone()
+    torch.manual_seed(search)
+    evil_x[index] = evil_x[index] * scale if search % 2 else torch.randn_like(evil_x[index]) * scale
+    evil_y[index] = target
+    rest = [i for i in range(x.shape[0]) if i != index]
+    start = [p.detach().clone() for p in model.parameters()]
+    after = []
+    for batch_x, batch_y in ((evil_x, evil_y), (x[rest], y[rest])):
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), start, strict=True):
+                p.copy_(s)
+        _fast_clipper(model, bound).step(batch_x, batch_y, _loss, alpha=-0.7)
+        after.append([p.detach().clone() for p in model.parameters()])
+    moved = torch.sqrt(sum(((a - b).double() ** 2).sum() for a, b in zip(*after, strict=True)))
+    assert float(moved) <= 0.7 * bound * (1 + 1e-4) + 1e-6
