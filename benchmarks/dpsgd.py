@@ -6,16 +6,20 @@ Private: ``dp.DPSGD`` (Poisson sampling, per-example clipping on the fast path, 
 Plain and private epochs alternate, --repeats times each: ``ratio`` is the fastest private
 epoch over the fastest plain one, ``ratio_paired`` the median over the repeats of each private
 epoch over the plain epoch just before it (robust to the load of a shared machine drifting).
+``cpu_ratio`` and ``cpu_ratio_paired`` are the same on the thread's CPU time (everything runs on
+the calling thread: one torch thread), which time spent waiting for a core on a shared machine
+does not inflate. ``load`` is the one-minute load average before and after.
 
     python -m benchmarks.dpsgd [--batch-size 64] [--repeats 15]
 
-Last stdout line (JSON): {"logreg": {"plain_s", "private_s", "ratio", "ratio_paired", "mode"},
-"cnn": {...}, "batch_size": B}.
+Last stdout line (JSON): {"logreg": {"plain_s", "private_s", "ratio", "ratio_paired", "cpu_ratio",
+"cpu_ratio_paired", "mode", "examples"}, "cnn": {...}, "batch_size": B, "load": [before, after]}.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -41,18 +45,23 @@ def measure(dataset: str, model_name: str, batch_size: int, repeats: int) -> dic
     rng = np.random.default_rng(0)
     plain.train(model, client, rng=rng)
     private.train(model, x, y, _loss)  # warm-up: hooks, allocations
-    plain_s, private_s = [], []
+    plain_s, private_s, plain_cpu, private_cpu = [], [], [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         plain.train(model, client, rng=rng)
         plain_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
+        plain_cpu.append(time.thread_time() - cpu)
+        start, cpu = time.perf_counter(), time.thread_time()
         private.train(model, x, y, _loss)
         private_s.append(time.perf_counter() - start)
+        private_cpu.append(time.thread_time() - cpu)
     paired = sorted(b / a for a, b in zip(plain_s, private_s, strict=True))
+    paired_cpu = sorted(b / a for a, b in zip(plain_cpu, private_cpu, strict=True))
     result = {"plain_s": round(min(plain_s), 5), "private_s": round(min(private_s), 5),
               "ratio": round(min(private_s) / min(plain_s), 3),
               "ratio_paired": round(paired[len(paired) // 2], 3),
+              "cpu_ratio": round(min(private_cpu) / min(plain_cpu), 3),
+              "cpu_ratio_paired": round(paired_cpu[len(paired_cpu) // 2], 3),
               "mode": private.clipper(model).mode, "examples": len(client)}
     log(f"{model_name} on {dataset}: {result}")
     return result
@@ -64,9 +73,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    emit({"logreg": measure("breast_cancer", "logreg", args.batch_size, args.repeats),
-          "cnn": measure("digits", "cnn", args.batch_size, args.repeats),
-          "batch_size": args.batch_size})
+    before = round(os.getloadavg()[0], 2)
+    logreg = measure("breast_cancer", "logreg", args.batch_size, args.repeats)
+    cnn = measure("digits", "cnn", args.batch_size, args.repeats)
+    emit({"logreg": logreg, "cnn": cnn, "batch_size": args.batch_size,
+          "load": [before, round(os.getloadavg()[0], 2)]})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ from fedsec.dp.noise import MIN_NOISE_MULTIPLIER, SecureRandom
 from fedsec.dp.per_sample import LossFn, PerExampleClipper, spread_indices
 from torch import nn
 
+GATHER_BYTES = 16 * 2**20
+"""The sampled examples of consecutive steps are gathered at once, at most this many bytes of them
+(or one step's, if more): one indexing for many steps, each batch then a slice."""
+
 
 @dataclass(frozen=True)
 class DPSGDResult:
@@ -94,7 +98,7 @@ class DPSGD:
         if std <= 0:
             return None
         sizes = [p.numel() for p in params]
-        drawn = torch.from_numpy(self.random.normal(steps * sum(sizes), std).astype(np.float32))
+        drawn = torch.from_numpy(self.random.normal(steps * sum(sizes), std, np.float32))
         drawn = drawn.view(steps, -1).to(params[0].device)
         return [z.view(steps, *p.shape) for z, p in zip(drawn.split(sizes, dim=1), params, strict=True)]
 
@@ -115,15 +119,31 @@ class DPSGD:
         total_loss, seen = 0.0, 0
         steps = self.steps(n)
         masks = self.random.bernoulli(q, steps * n).reshape(steps, n)
-        params = clipper.params
-        noise = self._noise(params, steps, std)
+        rows = np.flatnonzero(masks) % n  # the sampled examples, step after step
+        bounds = np.zeros(steps + 1, dtype=np.int64)
+        np.cumsum(masks.sum(1), out=bounds[1:])
+        noise = self._noise(clipper.params, steps, std)
+        per_step = None if noise is None else list(zip(*(z.unbind(0) for z in noise), strict=True))
         alpha = -self.lr / expected
-        for step in range(steps):
-            index = torch.from_numpy(np.flatnonzero(masks[step]))
-            grads, loss = clipper.clipped_sum(x[index], y[index], loss_fn)
-            total_loss, seen = total_loss + loss, seen + int(index.numel())
-            if noise is not None:
-                torch._foreach_add_(grads, [z[step] for z in noise])
-            with torch.no_grad():
-                torch._foreach_add_(params, grads, alpha=alpha)
+        for first, last in _gathers(bounds, GATHER_BYTES // max(1, x[:1].nbytes)):
+            start = int(bounds[first])
+            index = torch.from_numpy(rows[start:bounds[last]])
+            xs, ys = x[index], y[index]  # one gather for these steps; each batch is a slice
+            for step in range(first, last):
+                lo, hi = int(bounds[step]) - start, int(bounds[step + 1]) - start
+                loss = clipper.step(xs[lo:hi], ys[lo:hi], loss_fn, alpha=alpha,
+                                    noise=None if per_step is None else list(per_step[step]))
+                total_loss, seen = total_loss + loss, seen + hi - lo
         return DPSGDResult(total_loss / max(seen, 1), q, steps)
+
+
+def _gathers(bounds: np.ndarray, rows: int) -> list[tuple[int, int]]:
+    """Consecutive step ranges [first, last) holding at most ``rows`` sampled examples together,
+    or one step where a single step holds more (``bounds``: cumulative examples per step)."""
+    ranges, first, steps = [], 0, len(bounds) - 1
+    while first < steps:
+        last = int(np.searchsorted(bounds, bounds[first] + rows, side="right")) - 1
+        last = min(max(last, first + 1), steps)
+        ranges.append((first, last))
+        first = last
+    return ranges

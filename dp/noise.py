@@ -57,6 +57,11 @@ _ZERO_CACHE = 1 << 24
 _zero_bytes = b""
 
 
+def _unit(words: np.ndarray) -> np.ndarray:
+    """Each 64-bit word's top 53 bits k as the float64 k 2^-53, in [0, 1)."""
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
 def _zeros(size: int) -> bytes | memoryview:
     """``size`` zero bytes to encrypt, from a cached buffer when small enough (allocating and
     zero-filling a fresh one costs more than the AES-CTR itself)."""
@@ -113,31 +118,41 @@ class SecureRandom:
 
     def uniform(self, size: int) -> np.ndarray:
         """Uniform float64 in [0, 1) with 53 random bits each."""
-        return (self.words(size) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        return _unit(self.words(size))
 
     def _open_uniform(self, size: int) -> np.ndarray:
         """Uniform float64 in (0, 1]."""
         return 1.0 - self.uniform(size)
 
-    def normal(self, size: int, scale: float = 1.0) -> np.ndarray:
-        """Gaussian N(0, scale^2) float64 by Box-Muller: radius sqrt(-2 ln u1) times the cosine,
-        then the sine, of 2 pi u2 (float64 throughout; the cosine and sine by torch's vectorised
-        kernels, several times faster than numpy's here)."""
+    def normal(self, size: int, scale: float = 1.0, dtype: type = np.float64) -> np.ndarray:
+        """Gaussian N(0, scale^2) by Box-Muller, computed in float64 and returned as ``dtype``
+        (float64 or float32, rounded to nearest): radius sqrt(-2 ln u1) times the cosine, then the
+        sine, of 2 pi u2, the u1 from the first ceil(size / 2) words of the stream and the u2
+        from the next (the cosine and sine by torch's vectorised kernels, several times faster
+        than numpy's here). Worked through in chunks, so that no temporary is larger than a
+        chunk: fresh large temporaries cost more in page faults than the arithmetic."""
         half = (size + 1) // 2
-        radius = np.sqrt(-2.0 * np.log(self._open_uniform(half)))
-        angle = torch.from_numpy(self.uniform(half)).mul_(2.0 * np.pi)
-        out = np.empty(2 * half)
+        words = self.words(2 * half)
+        out = np.empty(2 * half, dtype=dtype)
         for start in range(0, half, _CHUNK):  # chunks below torch's grain: one thread each
             end = min(start + _CHUNK, half)
-            part = angle[start:end]
-            np.multiply(radius[start:end], torch.cos(part).numpy(), out=out[start:end])
-            np.multiply(radius[start:end], part.sin_().numpy(), out=out[half + start:half + end])
-        out = out[:size]
-        return out * scale if scale != 1.0 else out
+            radius = np.sqrt(-2.0 * np.log(1.0 - _unit(words[start:end])))
+            angle = torch.from_numpy(_unit(words[half + start:half + end])).mul_(2.0 * np.pi)
+            cosine = torch.cos(angle).numpy()
+            for first, trig in ((start, cosine), (half + start, angle.sin_().numpy())):
+                value = radius * trig
+                if scale != 1.0:
+                    value *= scale
+                out[first:first + end - start] = value
+        return out[:size]
 
     def bernoulli(self, p: float, size: int) -> np.ndarray:
-        """Boolean mask, each True with probability p."""
-        return self.uniform(size) < p
+        """Boolean mask, each True with probability p: exactly ``uniform(size) < p``, compared as
+        integers without the float conversion (u = k 2^-53 < p iff k < ceil(p 2^53))."""
+        if not math.isfinite(p):
+            return self.uniform(size) < p
+        threshold = min(max(math.ceil(p * 2.0 ** 53), 0), 2 ** 53)
+        return (self.words(size) >> np.uint64(11)) < np.uint64(threshold)
 
     def poisson(self, mean: float, size: int) -> np.ndarray:
         """Poisson(mean) int64 variates."""
