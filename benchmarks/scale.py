@@ -88,9 +88,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def tree_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) used so far by this process and every live descendant (the
-    local Ray's daemons and workers), from /proc; None where there is no /proc."""
+def tree_cpu_seconds() -> dict[int, float] | None:
+    """CPU seconds (user + system) used so far by this process and each live descendant (the
+    local Ray's daemons and workers), by process id, from /proc; None where there is no /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     used: dict[int, float] = {}
@@ -111,12 +111,18 @@ def tree_cpu_seconds() -> float | None:
     children: dict[int, list[int]] = {}
     for pid, parent in parents.items():
         children.setdefault(parent, []).append(pid)
-    total, todo = 0.0, [os.getpid()]
+    tree, todo = {}, [os.getpid()]
     while todo:
         pid = todo.pop()
-        total += used.get(pid, 0.0)
+        tree[pid] = used.get(pid, 0.0)
         todo.extend(children.get(pid, ()))
-    return total
+    return tree
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree used between two snapshots (a process that ended in between is not
+    counted; one that started is, in full)."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
 def cpu_observer() -> Any:
@@ -126,7 +132,7 @@ def cpu_observer() -> Any:
 
     class CPUPerRound(RoundObserver):
         def __init__(self) -> None:
-            self.start: float | None = None
+            self.start: dict[int, float] | None = None
             self.rounds: list[float] = []
 
         def before_round(self, round_index: int) -> None:
@@ -135,7 +141,7 @@ def cpu_observer() -> Any:
         def after_round(self, record: Any) -> None:
             end = tree_cpu_seconds()
             if self.start is not None and end is not None:
-                self.rounds.append(end - self.start)
+                self.rounds.append(cpu_between(self.start, end))
 
     return CPUPerRound()
 

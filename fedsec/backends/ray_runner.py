@@ -31,7 +31,6 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -62,10 +61,11 @@ DEPTH = 2
 """Training tasks queued on one worker at once: the next is already there when one ends (a worker
 that dies loses the clients of at most this many tasks)."""
 
-TASKS_PER_WORKER = 4
-"""A round's clients go out in about this many tasks per worker (each task trains a run of
-consecutive clients): Ray's cost per task (about 1.3 ms of a worker's CPU and some of the
-driver's) is paid a few times a round instead of once per client, and the last tasks are still
+SHARE = 4
+"""Each training task takes 1 / (SHARE x workers) of the round's clients not yet sent (at least
+one): a run of consecutive clients, large first and single clients at the end (guided
+self-scheduling). Ray's cost per task (about 1.3 ms of a worker's CPU, some of the driver's) is
+paid about 20 times a round of 50 clients on 2 workers instead of 50, and the last tasks are
 small enough to even out the workers' finishing times."""
 
 
@@ -254,8 +254,7 @@ class RayClientRunner(ClientRunner):
         self.depth = DEPTH
         """Tasks queued on one worker at once, >= 1."""
         self.chunk = 0
-        """Clients trained by one task, >= 1; 0 = about ``TASKS_PER_WORKER`` tasks per worker a
-        round."""
+        """Clients trained by one task, >= 1; 0 = guided (see ``SHARE``)."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
 
@@ -330,15 +329,15 @@ class RayClientRunner(ClientRunner):
         with room; the clients of a run whose worker died get ``"lost: ..."`` and a fresh worker
         takes the dead one's place."""
         actors = self.pool.actors()
-        size = self.chunk or max(1, -(-len(tasks) // (TASKS_PER_WORKER * len(actors))))
         results: list[Any] = [None] * len(tasks)
-        pending = deque(range(0, len(tasks), size))
+        first = 0
         running: dict[Any, tuple[range, int, Any]] = {}
         free = [slot for _ in range(self.depth) for slot in range(len(actors))]
-        while pending or running:
-            while pending and free:
-                slot, first = free.pop(0), pending.popleft()
-                run, actor = range(first, min(first + size, len(tasks))), actors[slot]
+        while first < len(tasks) or running:
+            while first < len(tasks) and free:
+                size = self.chunk or max(1, (len(tasks) - first) // (SHARE * len(actors)))
+                slot, run = free.pop(0), range(first, min(first + size, len(tasks)))
+                first, actor = run.stop, actors[slot]
                 streams = [None if plan is None else plan[i][:2] for i in run]
                 ref = actor.update_many.remote(vector_ref, [self._data[tasks[i].client_id] for i in run],
                                                [tasks[i].seed for i in run], streams)
