@@ -255,6 +255,8 @@ class RayClientRunner(ClientRunner):
         """Tasks queued on one worker at once, >= 1."""
         self.chunk = 0
         """Clients trained by one task, >= 1; 0 = guided (see ``SHARE``)."""
+        self.tasks_sent = 0
+        """Training tasks sent to the workers so far (fewer than the clients when runs form)."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
 
@@ -342,6 +344,7 @@ class RayClientRunner(ClientRunner):
                 ref = actor.update_many.remote(vector_ref, [self._data[tasks[i].client_id] for i in run],
                                                [tasks[i].seed for i in run], streams)
                 running[ref] = (run, slot, actor)
+                self.tasks_sent += 1
             done, _ = ray.wait(list(running), num_returns=1)
             for ref in done:
                 run, slot, actor = running.pop(ref)
