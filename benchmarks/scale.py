@@ -22,8 +22,13 @@ processes running a fixed CPU-bound job at once get on the machine at that momen
 over wall seconds; 2.0 on an idle 2-core machine): on a shared machine it bounds any backend's
 speedup.
 
-Last stdout line: {"local_s", "ray_s", "speedup", "ray_startup_s", "parallel_capacity", "rounds",
-"cpus", "workload",
+The CPU-bound ratio, ``cpu_ratio``, is the CPU seconds a Ray round takes (the driver, the workers
+and Ray's daemons: this process tree, from /proc) over a local round's (medians over the rounds
+after each run's first): the work Ray adds. ``speedup_bound`` = min(cpus, parallel_capacity) /
+cpu_ratio is the speedup Ray would reach if its rounds kept every core it got busy.
+
+Last stdout line: {"local_s", "ray_s", "speedup", "ray_startup_s", "parallel_capacity", "local_cpu_s",
+"ray_cpu_s", "cpu_ratio", "speedup_bound", "rounds", "cpus", "workload",
 "federation": {"clients", "per_round", "round_s", "peak_rss_mb", "import_rss_mb", ...}}.
 """
 
@@ -83,19 +88,79 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def round_seconds(values: dict[str, Any]) -> tuple[list[float], float]:
-    """Per-round seconds of one run, and its wall time outside the rounds (start-up)."""
+def tree_cpu_seconds() -> dict[int, float] | None:
+    """CPU seconds (user + system) used so far by this process and each live descendant (the
+    local Ray's daemons and workers), by process id, from /proc; None where there is no /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(name)] = int(fields[1])
+        used[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = {}, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        tree[pid] = used.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree used between two snapshots (a process that ended in between is not
+    counted; one that started is, in full)."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
+
+
+def cpu_observer() -> Any:
+    """A round observer that records the CPU seconds of this process tree (driver, Ray workers
+    and daemons) during each round, in its ``rounds`` list."""
+    from fedsec.fl_core.history import RoundObserver
+
+    class CPUPerRound(RoundObserver):
+        def __init__(self) -> None:
+            self.start: dict[int, float] | None = None
+            self.rounds: list[float] = []
+
+        def before_round(self, round_index: int) -> None:
+            self.start = tree_cpu_seconds()
+
+        def after_round(self, record: Any) -> None:
+            end = tree_cpu_seconds()
+            if self.start is not None and end is not None:
+                self.rounds.append(cpu_between(self.start, end))
+
+    return CPUPerRound()
+
+
+def round_seconds(values: dict[str, Any]) -> tuple[list[float], float, list[float]]:
+    """Per-round seconds of one run, its wall time outside the rounds (start-up), and the CPU
+    seconds of the whole process tree in each round."""
     from fedsec.config import make_config
     from fedsec.experiment import build_experiment
 
+    cpu = cpu_observer()
     start = time.perf_counter()
-    experiment = build_experiment(make_config(values))
+    experiment = build_experiment(make_config(values), observers=[cpu])
     result = experiment.server.run()
     wall = time.perf_counter() - start
     seconds = [r.seconds for r in result.records]
     if any(r.status != "ok" for r in result.records):
         raise RuntimeError(f"a round aborted: {[r.status for r in result.records]}")
-    return seconds, wall - sum(seconds)
+    return seconds, wall - sum(seconds), cpu.rounds
 
 
 def federation(clients: int, rounds: int) -> dict[str, Any]:
@@ -144,20 +209,30 @@ def main() -> None:
     ray_config = {**speed, "sim.backend": "ray", "sim.num_cpus": args.cpus}
     local: list[float] = []
     remote: list[float] = []
+    local_cpu: list[float] = []
+    remote_cpu: list[float] = []
     startups: list[float] = []
     for backend in ("local", "ray", "ray", "local"):  # ABBA: drift in the machine's load cancels
         log(f"speed: {backend} backend" + (f", {args.cpus} CPUs" if backend == "ray" else ""))
-        seconds, startup = round_seconds(speed if backend == "local" else ray_config)
+        seconds, startup, cpu = round_seconds(speed if backend == "local" else ray_config)
         (local if backend == "local" else remote).extend(seconds)
+        # the first round of a run warms caches and (on Ray) the workers' imports: left out
+        (local_cpu if backend == "local" else remote_cpu).extend(cpu[1:])
         if backend == "ray":
             startups.append(startup)
-        log(f"{backend} rounds: {seconds}")
+        log(f"{backend} rounds: {seconds}, CPU s: {[round(c, 3) for c in cpu]}")
     local_s, ray_s = statistics.median(local), statistics.median(remote)
+    cpu_ratio = (statistics.median(remote_cpu) / statistics.median(local_cpu)
+                 if local_cpu and remote_cpu and statistics.median(local_cpu) > 0 else None)
     capacity = parallel_capacity(args.cpus)
     log(f"parallel capacity of {args.cpus} processes: {capacity:.2f}")
     emit({"local_s": round(local_s, 3), "ray_s": round(ray_s, 3), "speedup": round(local_s / ray_s, 2),
           "ray_startup_s": round(statistics.median(startups), 2),
           "parallel_capacity": round(capacity, 2), "rounds": args.rounds, "cpus": args.cpus,
+          "local_cpu_s": round(statistics.median(local_cpu), 3) if local_cpu else None,
+          "ray_cpu_s": round(statistics.median(remote_cpu), 3) if remote_cpu else None,
+          "cpu_ratio": round(cpu_ratio, 3) if cpu_ratio is not None else None,
+          "speedup_bound": (round(min(args.cpus, capacity) / cpu_ratio, 2) if cpu_ratio else None),
           "local_rounds": [round(s, 3) for s in local], "ray_rounds": [round(s, 3) for s in remote],
           "workload": "digits cnn, 50 clients, E=5, B=10, masking (complete), no DP",
           "federation": size, "machine_cpus": os.cpu_count()})

@@ -9,9 +9,23 @@ import numpy as np
 from fedsec.fl_core.errors import InvalidParameterError, ShapeMismatchError
 
 
+def _canonical(array: np.ndarray, dtype: type) -> np.ndarray:
+    """``array`` as ``dtype``, C-ordered with the canonical strides of its shape (itself if so)."""
+    canonical = np.dtype(dtype).itemsize * np.cumprod((1, *array.shape[:0:-1]))[::-1]
+    if array.dtype == dtype and array.strides == tuple(int(s) for s in canonical):
+        return array
+    return np.array(array, dtype=dtype, order="C", copy=True)
+
+
 @dataclass(frozen=True)
 class ArrayDataset:
-    """Samples ``x`` (float32, first axis = sample) and integer labels ``y`` (int64)."""
+    """Samples ``x`` (float32, first axis = sample) and integer labels ``y`` (int64).
+
+    Both are stored C-ordered with the canonical strides of their shape, also along axes of
+    length 1: torch picks a convolution's memory format from the strides (``(n, 1, 8, 8)`` images
+    strided like channels-last train through another kernel, with other rounding), and a copy
+    (pickle, Ray's object store) always has canonical strides, so a client trains to the same
+    bits wherever its data went."""
 
     x: np.ndarray
     y: np.ndarray
@@ -21,10 +35,8 @@ class ArrayDataset:
             raise ShapeMismatchError(
                 f"x has {self.x.shape[0]} samples but y has {self.y.shape[0]} labels"
             )
-        if self.x.dtype != np.float32:
-            object.__setattr__(self, "x", self.x.astype(np.float32))
-        if self.y.dtype != np.int64:
-            object.__setattr__(self, "y", self.y.astype(np.int64))
+        object.__setattr__(self, "x", _canonical(self.x, np.float32))
+        object.__setattr__(self, "y", _canonical(self.y, np.int64))
 
     def __len__(self) -> int:
         return int(self.y.shape[0])

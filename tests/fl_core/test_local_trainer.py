@@ -91,3 +91,27 @@ def test_fedprox_needs_a_proximal_trainer():
     avg = plain.client_update(model, w, _data(), rng=np.random.default_rng(3)).vector
     assert strategy.name == "fedprox" and np.linalg.norm(prox) < np.linalg.norm(avg)
     set_vector(model, w)
+
+
+def test_a_dataset_stores_canonical_strides_so_a_copy_trains_to_the_same_bits():
+    """(n, 1, 8, 8) images strided like channels-last (as ``x[:, None]`` gives) would send the CNN
+    through another convolution kernel than their pickled copy: the dataset normalises them."""
+    import pickle
+
+    from fedsec.fl_core import build_model
+
+    rng = np.random.default_rng(0)
+    images = rng.random((30, 8, 8), dtype=np.float32)[:, None]
+    assert images.strides != (256, 256, 32, 4)
+    data = ArrayDataset(images, rng.integers(0, 10, 30))
+    assert data.x.strides == (256, 256, 32, 4) and data.y.strides == (8,)
+    np.testing.assert_array_equal(data.x, images)
+    plain = np.zeros((4, 3), dtype=np.float32)
+    assert ArrayDataset(plain, np.zeros(4, dtype=np.int64)).x is plain  # nothing copied when canonical
+    copy = pickle.loads(pickle.dumps(data))
+    model = build_model("cnn", input_shape=(1, 8, 8), n_classes=10, seed=0)
+    strategy = FedAvg(trainer=TorchTrainer(epochs=1, batch_size=10, lr=0.1))
+    start = get_vector(model).copy()
+    first = strategy.client_update(model, start, data, rng=np.random.default_rng(1)).vector
+    second = strategy.client_update(model, start, copy, rng=np.random.default_rng(1)).vector
+    np.testing.assert_array_equal(first, second)

@@ -79,3 +79,42 @@ def test_without_reproducible_every_client_draws_a_fresh_stream(ray_local):
         runner.stop()
     assert not np.allclose(first.vector, second.vector)
     assert len(strategy.trainer.reports) == 2
+
+
+def test_cnn_model_equals_local_to_the_bit(ray_local):
+    """The digits CNN (no DP, masking): every client's update, hence the model, is the local one
+    bit for bit, although Ray hands each worker a copy of the client's images (canonical strides)."""
+    values = {"seed": 3, "rounds": 1, "data.dataset": "digits", "data.clients": 6, "model.name": "cnn",
+              "train.local_epochs": 1, "train.batch_size": 10, "secure.aggregation": "masking",
+              "dp.mode": "none"}
+    local = build_experiment(make_config(values)).server.run()
+    remote = build_experiment(make_config({**values, **RAY})).server.run()
+    assert remote.records[0].participants == 6
+    np.testing.assert_array_equal(remote.vector, local.vector)
+
+
+def test_runs_of_clients_give_each_client_its_own_update(ray_local):
+    """Tasks that train several consecutive clients (40 clients on 2 workers: runs of 5 down to 1)
+    give every client the update the local backend gives it, in the order of the tasks."""
+    values = {"seed": 5, "rounds": 1, "data.dataset": "digits", "data.clients": 40, "model.name": "logreg",
+              "train.batch_size": 16, "secure.aggregation": "none", "dp.mode": "none"}
+    updates = {}
+    for backend, extra in (("local", {}), ("ray", RAY)):
+        experiment = build_experiment(make_config({**values, **extra}))
+        server, seen = experiment.server, []
+        inner = server.protocol.aggregate
+
+        def record(round_index, ups, inner=inner, seen=seen, **options):
+            seen.extend(ups)
+            return inner(round_index, ups, **options)
+
+        server.protocol.aggregate = record
+        server.run()
+        updates[backend] = seen
+        if backend == "ray":
+            assert 5 <= server.runner.tasks_sent < 40  # runs of more than one client were sent
+    assert [u.client_id for u in updates["ray"]] == [u.client_id for u in updates["local"]]
+    assert len(updates["local"]) == 40
+    for local, remote in zip(updates["local"], updates["ray"], strict=True):
+        np.testing.assert_array_equal(remote.vector, local.vector)
+        assert remote.weight == local.weight

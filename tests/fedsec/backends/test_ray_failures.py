@@ -44,7 +44,7 @@ def test_a_training_worker_killed_mid_round_is_a_dropout(ray_local, tmp_path):
     victim = max(set(sizes), key=sizes.index)  # a size only one client has
     assert sizes.count(victim) == 1
     server.strategy.trainer = KillOnce(server.strategy.trainer, victim, str(tmp_path / "killed"))
-    server.runner.depth = 1  # nothing queued behind the victim: it alone is lost
+    server.runner.depth = server.runner.chunk = 1  # one client a task, none queued: it alone is lost
     result = server.run()
     first, second = result.records
     assert (tmp_path / "killed").exists()
