@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fedsec.protocols.errors import ClientAbort
 
 from fedsec.network.envelope import vector_bytes
 from fedsec.network.errors import PolicyRefused
-from fedsec.protocols.errors import ClientAbort
 from tests.review.harness import Ring
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
