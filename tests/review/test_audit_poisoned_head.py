@@ -30,7 +30,7 @@ from fedsec.network.site import load_identity
 from tests.review.harness import Ring
 
 
-@pytest.mark.xfail(strict=True, reason="R9: a site's head with lone surrogates is acknowledged, its queued ack "
+@pytest.mark.xfail(strict=True, reason="R9: a site head with lone surrogates is acknowledged; its queued ack "
                                        "row fails the batch and stops the coordinator's audit log")
 def test_a_sites_malformed_head_does_not_stop_the_coordinators_log(tmp_path):
     ring = Ring(tmp_path / "d", 3)
