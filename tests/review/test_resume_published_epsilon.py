@@ -1,9 +1,12 @@
-"""Adversary: none needed: an honest coordinator killed (kill -9) after a round's sum was released
-and before that round's checkpoint; it resumes (``fedsec serve --resume``).
+"""Adversary: a coordinator that dies (kill -9, or pretends to) after the sites answered a round's
+unmask stage and before that round's checkpoint; it resumes (``fedsec serve --resume``). It then
+held everything that round's sum needs; the sites count the round as released, and so does the
+coordinator's own per-site ledger. Low: the sites' ledgers are right; the study's published
+figure is not.
 
 Claim attacked (issue 14: "epsilon continues from the ledger: it never resets"; docs/deployment.md
-"Resume": the coordinator charges a replayed round). The dead incarnation released round 2's sum
-(the crash falls after the update's unmask stage). The resumed one re-runs round 2; every site
+"Resume": the coordinator charges a replayed round). The dead incarnation could release round 2's
+sum (the crash falls after the update's unmask stage). The resumed one re-runs round 2; every site
 refuses it (``rounds.replayed``: its update went into the dead coordinator's sum), the coordinator
 charges each site's own ledger row for it, but the run's ledger (``summary.json`` ``privacy.epsilon``
 and ``history.csv``, what the study publishes) is restored from round 1's checkpoint and never
