@@ -30,8 +30,8 @@ from fedsec.network.site import load_identity
 from tests.review.harness import Ring
 
 
-@pytest.mark.xfail(strict=True, reason="R9: a site head with lone surrogates is acknowledged; its queued ack "
-                                       "row fails the batch and stops the coordinator's audit log")
+@pytest.mark.xfail(strict=True, reason="S4-5: a site head with lone surrogates is acknowledged; its queued "
+                                       "ack row fails the batch and stops the coordinator audit log")
 def test_a_sites_malformed_head_does_not_stop_the_coordinators_log(tmp_path):
     ring = Ring(tmp_path / "d", 3)
     try:

@@ -34,7 +34,7 @@ N, DROPPED = 20, range(12, 20)
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True,
-                   reason="R11: a coordinator choosing dropouts gets a masked sum of max(q, t+1) = 12 < t+c "
+                   reason="S4-7: a coordinator choosing dropouts gets a masked sum of max(q, t+1) = 12 < t+c "
                           "= 13 contributions at n = 20: the documented margin fails")
 def test_chosen_dropouts_never_release_fewer_than_t_plus_c_contributions(tmp_path):
     ring = Ring(tmp_path / "d", N)

@@ -25,7 +25,7 @@ HANDLED = (ClientAbort, PolicyRefused, MalformedEnvelope, ValueError, Arithmetic
 
 
 @pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="R8: a crafted first model makes the DP-SGD probe raise RuntimeError, which "
+                   reason="S4-4: a crafted first model makes the DP-SGD probe raise RuntimeError, which "
                           "Site._jobs does not catch: the site process dies")
 def test_a_crafted_first_model_is_refused_not_fatal(tmp_path):
     ring = Ring(tmp_path / "d", 3, extra='[dp]\naccountant = "rdp"\n')

@@ -35,7 +35,7 @@ from tests.review.harness import Ring
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-@pytest.mark.xfail(strict=True, reason="R5: the retrain rule lets a coordinator train one unconsumed "
+@pytest.mark.xfail(strict=True, reason="S4-1: the retrain rule lets a coordinator train one unconsumed "
                                        "round without bound; each train answer ('nonfinite' or ok) "
                                        "is a bit about the site's records")
 def test_unbounded_retraining_of_one_round_reads_a_feature_maximum(tmp_path):
