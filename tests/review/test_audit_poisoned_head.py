@@ -60,3 +60,26 @@ def test_a_sites_malformed_head_does_not_stop_the_coordinators_log(tmp_path):
         assert actions[:2] == ["receive", "send"] and "round" in actions
     finally:
         ring.close()
+
+
+@pytest.mark.xfail(strict=True, reason="S4-5: a coordinator head with lone surrogates, acknowledged by a site"
+                                       " (Site._ack), stops the site audit log: its next event raises")
+def test_a_coordinators_malformed_head_does_not_stop_a_sites_log(tmp_path):
+    ring = Ring(tmp_path / "d", 3)
+    try:
+        d = ring.d
+        site = d.sites[0]
+        (tmp_path / "site").mkdir()
+        audit = PartyAudit(tmp_path / "site", actor=site.name, key=load_identity(site.identity), run_id="r")
+        server = verify_peer(d.coordinator.cert.read_bytes(), trust=Trust.load(d.ca), roles=("server",))
+        head = {"actor": "coordinator", "fingerprint": identity_fingerprint(server.identity_key),
+                "seq": 3, "hash": "\ud800" * 64}
+        problem = audit.ack_checked(head, actor="coordinator", round=1,
+                                    fingerprint=identity_fingerprint(server.identity_key))
+        try:
+            audit.event("contribution", round=1, details={"count": 1})  # Site._jobs' next waited event
+            audit.close()
+        except Exception:  # noqa: BLE001 - the log stopped
+            raise AssertionError(f"the site's log stopped (head check said {problem!r})") from None
+    finally:
+        ring.close()
