@@ -45,9 +45,6 @@ K = 12
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="S4-3: repeated submit stages on one Paillier layer give K differently"
-                                       " noised sums of one round; their mean carries mu / K, the ledger one "
-                                       "round")
 def test_repeated_sums_of_one_round_do_not_average_the_client_noise_away(study, sites, keyholder,  # noqa: F811
                                                                           tmp_path):
     address, _ = keyholder

@@ -48,9 +48,6 @@ from tests.review.harness import REFUSALS
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="S4-2: one Paillier setup answers any number of submit stages, so one "
-                                       "contribution is encrypted under two sequence numbers and summed "
-                                       "twice (differencing without a second setup)")
 def test_one_setup_does_not_yield_two_submissions_of_one_contribution(study, sites, keyholder, tmp_path):  # noqa: F811
     address, _ = keyholder
     base = plan("key_holder", address)
@@ -109,9 +106,6 @@ def _without_setups(forward):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="S4-2: under threshold custody too, a second aggregation sent without "
-                                       "setups reuses each site's layer: one contribution in two decrypted "
-                                       "sums")
 def test_threshold_custody_one_setup_does_not_yield_two_sums(study, sites, tmp_path):  # noqa: F811
     import json
     import os
