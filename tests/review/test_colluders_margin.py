@@ -35,8 +35,8 @@ N, DROPPED = 20, range(12, 20)
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True,
                    reason="S4-7 (open, documented in docs/privacy.md section 4): a coordinator choosing "
-                          "dropouts gets a masked sum of max(q, t+1) = 12 < t+c = 13 contributions at n = 20; "
-                          "shares of mu / (t - c) are not implemented")
+                          "dropouts gets a masked sum of max(q, t+1) = 12 < t+c = 13 contributions at "
+                          "n = 20; shares of mu / (t - c) are not implemented")
 def test_chosen_dropouts_never_release_fewer_than_t_plus_c_contributions(tmp_path):
     ring = Ring(tmp_path / "d", N)
     try:
