@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -37,11 +38,47 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from fedsec.audit.log import AuditLog, Head, fingerprint
+from fedsec.audit.log import AuditLog, Head, canonical_json, fingerprint
 from fedsec.secagg.keys import SigningKey
 
 LOG = "audit.db"
 Item = tuple[str, int | None, str | None, dict[str, Any] | None, str | None]
+HEAD_HASH = re.compile(r"[0-9a-f]{64}")
+"""A head's ``hash``: exactly 64 lowercase hexadecimal characters (a SHA-256 digest)."""
+MAX_TEXT = 4096
+"""The longest ``action``/``stage``/``peer_ref`` an audit row takes (characters)."""
+MAX_DETAILS = 65536
+"""The longest canonical JSON ``details`` an audit row takes (characters)."""
+SQLITE_INT = 2**63
+"""SQLite integers are signed 64-bit: a round or row number must lie in [-2**63, 2**63)."""
+
+
+def row_problem(item: Item) -> str | None:
+    """Why ``item`` (``(action, round, stage, details, peer_ref)``) could not be stored as an audit
+    row, or None: every text field a str of at most :data:`MAX_TEXT` characters that encodes as
+    UTF-8, ``round`` None or a 64-bit int, ``details`` canonical JSON of at most :data:`MAX_DETAILS`
+    characters. Checked before a row is queued, so one bad value (possibly a peer's) never fails a
+    group-commit batch holding other parties' rows."""
+    action, round_, stage, details, peer_ref = item
+    for name, text in (("action", action), ("stage", stage), ("peer_ref", peer_ref)):
+        if text is None and name != "action":
+            continue
+        if not isinstance(text, str) or len(text) > MAX_TEXT:
+            return f"{name}: not a string of at most {MAX_TEXT} characters"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{name}: not encodable as UTF-8"
+    if round_ is not None and (isinstance(round_, bool) or not isinstance(round_, int)
+                               or not -SQLITE_INT <= round_ < SQLITE_INT):
+        return "round: not a 64-bit integer"
+    try:
+        text = canonical_json(details or {})
+    except (TypeError, ValueError):
+        return "details: not canonical JSON"
+    if len(text) > MAX_DETAILS:
+        return f"details: longer than {MAX_DETAILS} characters"
+    return None
 
 
 def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, Any]:
@@ -61,7 +98,8 @@ def head_problem(head: Any, *, actor: str, fingerprint: str, floor: int) -> str 
     if not isinstance(head, dict):
         return "no head"
     seq, digest = head.get("seq"), head.get("hash")
-    if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(digest, str) or len(digest) != 64:
+    if (isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < SQLITE_INT
+            or not isinstance(digest, str) or HEAD_HASH.fullmatch(digest) is None):
         return "malformed head"
     if head.get("actor") != actor:
         return f"head names {str(head.get('actor'))[:64]!r}, not {actor!r}"
@@ -148,15 +186,29 @@ class PartyAudit:
         self._queue.put((work, future))
         return future.result()
 
+    @staticmethod
+    def _storable(items: list[Item]) -> None:
+        """Raise ValueError (nothing queued) if a row could not be stored (:func:`row_problem`)."""
+        for item in items:
+            problem = row_problem(item)
+            if problem is not None:
+                raise ValueError(f"audit row refused: {problem}")
+
     def _queued(self, items: list[Item]) -> None:
-        """Queue message rows without waiting (see the module's durability rule)."""
+        """Queue message rows without waiting (see the module's durability rule); raises ValueError,
+        queueing nothing, for a row that could not be stored."""
         if self._failed is not None:
             raise self._failed
+        self._storable(items)
         self._queue.put((items, None))
 
     def event(self, action: str, *, round: int | None = None, stage: str | None = None,
               details: dict[str, Any] | None = None, peer_ref: str | None = None) -> None:
-        self._call([(action, round, stage, details, peer_ref)])
+        """Record one event and wait until it is on disk; raises ValueError (nothing written, the
+        log goes on) for a row that could not be stored (:func:`row_problem`)."""
+        items = [(action, round, stage, details, peer_ref)]
+        self._storable(items)
+        self._call(items)
 
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
@@ -197,8 +249,11 @@ class PartyAudit:
             peer = Head(str(head["actor"]), str(head["fingerprint"]), int(head["seq"]), str(head["hash"]))
         except (KeyError, TypeError, ValueError):
             return
-        self._queued([("ack", round, None, {"actor": peer.actor, "fingerprint": peer.fingerprint,
-                                            "seq": peer.seq, "hash": peer.hash}, peer.ref())])
+        try:
+            self._queued([("ack", round, None, {"actor": peer.actor, "fingerprint": peer.fingerprint,
+                                                "seq": peer.seq, "hash": peer.hash}, peer.ref())])
+        except ValueError:  # a row that could not be stored: ignored like any malformed head
+            return
 
     def close(self) -> None:
         """Commit what is queued and close the log (raises the error of a batch that failed)."""

@@ -283,6 +283,8 @@ class Site:
                     if layer is None:
                         raise ClientAbort("a stage message without a setup")
                     out = layer.handle(str(header.get("stage")), body) or b""
+                    if layer.closed:  # its last stage answered: a later stage needs a new setup
+                        layer = None
                 elif kind == "train":
                     if self.work.strategy is None:
                         try:

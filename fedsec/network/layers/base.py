@@ -25,6 +25,8 @@ from fedsec.protocols.errors import ClientAbort
 from fedsec.secagg.keys import SigningKey
 
 SPENT = "this contribution already went into an aggregation"
+OUT_OF_ORDER = "a stage message this aggregation already answered, or out of order"
+CLOSED = "this aggregation is over at this site (finished or aborted); a stage needs a new setup"
 
 Exchange = Callable[[str, Mapping[int, bytes]], dict[int, bytes]]
 """``exchange(stage, {client: message}) -> {client: reply}``: sends one message to each client's
@@ -142,6 +144,13 @@ def round_floor(context: SiteContext) -> tuple[int, int]:
 class SiteLayer(ABC):
     """The site side of one aggregation.
 
+    The framework's rule, for every layer (never trust the coordinator's stage sequence): the layer
+    answers each stage of :attr:`STAGES` at most once, in that order (a stage may be skipped, never
+    repeated or gone back to); after its last stage, or after any abort, it is :attr:`closed` and
+    refuses every message (``ClientAbort``), so a contribution-dependent reply (a masked input, a
+    ciphertext, a decryption share) is produced at most once per setup, and a setup consumes the
+    contribution (:data:`SPENT` here, ``site.db`` at the site). Subclasses implement :meth:`answer`.
+
     Args:
         context: the site's context.
         setup: the layer's setup from the first message (untrusted: validate everything).
@@ -149,9 +158,15 @@ class SiteLayer(ABC):
         weight: its integer weight (n_k or 1).
     """
 
+    STAGES: tuple[str, ...] = ()
+    """The layer's stage names in protocol order (a subclass or instance sets them)."""
+
     def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
                  weight: int) -> None:
         self.context, self.setup, self.vector, self.weight = context, setup, vector, weight
+        self.closed = False
+        """True once the last stage was answered or any message was refused: nothing more is answered."""
+        self._answered = -1
         content = np.ascontiguousarray(vector).tobytes() + str(int(weight)).encode()
         digest = hashlib.sha256(content).hexdigest()
         key = (repr(setup.get("purpose")), repr(setup.get("round")), digest)  # untrusted: any JSON
@@ -159,9 +174,29 @@ class SiteLayer(ABC):
             raise ClientAbort(SPENT)
         context.spent.add(key)
 
-    @abstractmethod
     def handle(self, stage: str, message: bytes) -> bytes | None:
-        """Answer one stage message (the reply, or None); raise ``ClientAbort`` to refuse."""
+        """Answer one stage message under the framework's rule (see the class docstring): the reply,
+        or None; raises ``ClientAbort`` to refuse (and the layer is closed from then on)."""
+        if self.closed:
+            raise ClientAbort(CLOSED)
+        position = self.STAGES.index(stage) if stage in self.STAGES else -1
+        if position <= self._answered:
+            self.closed = True
+            raise ClientAbort(OUT_OF_ORDER)
+        self._answered = position
+        try:
+            reply = self.answer(stage, message)
+        except BaseException:
+            self.closed = True
+            raise
+        if position == len(self.STAGES) - 1:
+            self.closed = True
+        return reply
+
+    @abstractmethod
+    def answer(self, stage: str, message: bytes) -> bytes | None:
+        """Answer one stage message, called by :meth:`handle` at most once per stage, in order (the
+        reply, or None); raise ``ClientAbort`` to refuse."""
 
 
 def first_message(setup: dict[str, Any], message: bytes) -> bytes:

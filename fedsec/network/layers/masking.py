@@ -179,7 +179,12 @@ class MaskingCoordinator(CoordinatorLayer):
 
 
 class MaskingSite(SiteLayer):
-    """The site side: one :class:`MaskedClient` for its contribution, keys from the certificates."""
+    """The site side: one :class:`MaskedClient` for its contribution, keys from the certificates.
+
+    Its stages are the :class:`MaskedServer`'s, in order (the consistency check only when active);
+    the framework answers each at most once and closes the layer after the unmask stage."""
+
+    STAGES = ("advertise keys", "share keys", "masked input", "consistency check", "unmask")
 
     def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
                  weight: int) -> None:
@@ -240,7 +245,7 @@ class MaskingSite(SiteLayer):
             raise ClientAbort(NOT_OURS)
         return directory
 
-    def handle(self, stage: str, message: bytes) -> bytes | None:
+    def answer(self, stage: str, message: bytes) -> bytes | None:
         if self.noise is not None and self.shares is None:
             self._share_for(message)
         return self.client.handle(message)

@@ -427,6 +427,7 @@ class PaillierSite(SiteLayer):
             from fedsec.network.layers.paillier_threshold import ThresholdSite
 
             self.impl = ThresholdSite(context, setup, self.encoding)
+        self.STAGES = self.impl.STAGES
         # only sums of >= the key's threshold of submissions are decrypted: that threshold, signed
         # in the announcement, must meet the site's policy and the plan (min_threshold)
         threshold = self.impl.client_threshold()
@@ -446,12 +447,15 @@ class PaillierSite(SiteLayer):
             self.encoding.add_noise(context, context.client_noise.shares(
                 threshold, share_stream(context.config, offset)))
 
-    def handle(self, stage: str, message: bytes) -> bytes | None:
+    def answer(self, stage: str, message: bytes) -> bytes | None:
         return self.impl.handle(stage, message)
 
 
 class KeyHolderSite:
-    """Key-holder custody at a site: register once per announcement, then submit."""
+    """Key-holder custody at a site: register once per announcement, then submit (once: the
+    framework's rule in :meth:`SiteLayer.handle` closes the layer after the submission)."""
+
+    STAGES = (REGISTER, SUBMIT)
 
     def __init__(self, context: SiteContext, setup: dict[str, Any], encoding: SiteEncoding) -> None:
         announcer = announcer_identity(context, setup.get("announcer"))

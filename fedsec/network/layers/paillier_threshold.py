@@ -201,7 +201,11 @@ class ThresholdCustody(_Custody):
 
 
 class ThresholdSite:
-    """A site's side of threshold custody: its share, its durable endorsements, its client."""
+    """A site's side of threshold custody: its share, its durable endorsements, its client. Stages
+    hello (only a coordinator's first aggregation), submit, endorse, decrypt: each at most once per
+    setup, in order (the framework's rule in :meth:`SiteLayer.handle`)."""
+
+    STAGES = (HELLO, SUBMIT, ENDORSE, DECRYPT)
 
     def __init__(self, context: SiteContext, setup: dict[str, Any], encoding: SiteEncoding) -> None:
         if context.state is None or not (Path(context.state) / SHARE_FILE).is_file():
