@@ -365,7 +365,7 @@ class PerExampleClipper:
                 continue
             scale = min(1.0, self.max_grad_norm / (norm + 1e-12))
             torch._foreach_add_(total, grads, alpha=scale)
-            loss_sum += loss
+            loss_sum += loss if np.isfinite(loss) else 0.0  # as finite_sum
         return total, loss_sum
 
     def _vmap(self, x, y, loss_fn):
