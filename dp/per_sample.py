@@ -352,8 +352,9 @@ class PerExampleClipper:
                                                                          strict=True)], float(loss.detach())
 
     def _pick_mode(self, x, y, loss_fn, exact: list[torch.Tensor]) -> str:
-        norms = torch.stack([g.flatten(1).norm(dim=1) for g in exact], 1).norm(dim=1)
-        small = float(norms.min()) / 2
+        norms = example_norms(exact)
+        finite = norms[torch.isfinite(norms)]
+        small = float(finite.min()) / 2 if finite.numel() else 0.0
         bounds = [self.max_grad_norm] + ([small] if small > 0 else [])
         candidates = (["fast"] if self.layers is not None else ["opacus"]) + ["vmap"]
         for mode in candidates:
@@ -371,8 +372,8 @@ class PerExampleClipper:
                 got = path(x, y, loss_fn)
                 if got is None:
                     return False
-                scale = (bound / (norms + 1e-12)).clamp(max=1.0)
-                want = [torch.einsum("b,b...->...", scale, g) for g in exact]
+                scale = clip_scale(norms, bound)
+                want = [weighted_sum(scale, g) for g in exact]
                 if not all(_close(g, w, _GRAD_RTOL) for g, w in zip(got[0], want, strict=True)):
                     return False
             return True
@@ -396,10 +397,12 @@ class PerExampleClipper:
         loss_sum = 0.0
         for i in range(x.shape[0]):
             grads, loss = self._one_grad(x[i:i + 1], y[i:i + 1], loss_fn)
-            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-            scale = min(1.0, self.max_grad_norm / (float(norm) + 1e-12))
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            if not np.isfinite(norm):  # clip factor 0: the example adds nothing (see clip_scale)
+                continue
+            scale = min(1.0, self.max_grad_norm / (norm + 1e-12))
             torch._foreach_add_(total, grads, alpha=scale)
-            loss_sum += loss
+            loss_sum += loss if np.isfinite(loss) else 0.0  # as finite_sum
         return total, loss_sum
 
     def _vmap(self, x, y, loss_fn):
@@ -420,9 +423,8 @@ class PerExampleClipper:
         grads, losses = vmap(grad(one, has_aux=True), in_dims=(None, 0, 0),
                              randomness="different")(params, x, y)
         samples = [grads[n] for n in names]
-        norms = torch.stack([g.flatten(1).norm(dim=1) for g in samples], dim=1).norm(dim=1)
-        scale = (self.max_grad_norm / (norms + 1e-12)).clamp(max=1.0)
-        return [torch.einsum("b,b...->...", scale, g) for g in samples], float(losses.sum())
+        scale = clip_scale(example_norms(samples), self.max_grad_norm)
+        return [weighted_sum(scale, g) for g in samples], finite_sum(losses)
 
     def _fast(self, x, y, loss_fn):
         """Book-keeping clipping: :meth:`_fast_pass`, then each clipped sum as one weighted
@@ -461,9 +463,17 @@ class PerExampleClipper:
             term, saved = layer_norms(layer, a, d)
             squared = term if squared is None else squared.add_(term)
             kept.append(saved)
-        # min(1, C / ||g_i||) = 1 / sqrt(max(1, ||g_i||^2 / C^2)), 1 for a zero gradient
+        bad = ~torch.isfinite(squared)
+        # min(1, C / ||g_i||) = 1 / sqrt(max(1, ||g_i||^2 / C^2)), 1 for a zero gradient; 0 for a
+        # gradient that is not finite, whose example's factors are zeroed (0 * inf is NaN)
         scale = squared.mul_(1.0 / self.max_grad_norm ** 2).clamp_(min=1.0).rsqrt_()
-        return records, grads_out, kept, scale, float(total.detach())
+        if bool(bad.any()):
+            scale = scale.masked_fill(bad, 0.0)
+            records = [(layer, _zero_rows(a, bad), out) for layer, a, out in records]
+            grads_out = tuple(_zero_rows(d, bad) for d in grads_out)
+            kept = [None if saved is None else
+                    tuple(None if t is None else _zero_rows(t, bad) for t in saved) for saved in kept]
+        return records, grads_out, kept, scale, finite_sum(losses.detach())
 
     def _opacus(self, x, y, loss_fn):
         from opacus.grad_sample import GradSampleModule
@@ -477,12 +487,11 @@ class PerExampleClipper:
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             losses.sum().backward()
         samples = [p.grad_sample for p in self.params]
-        norms = torch.stack([g.flatten(1).norm(dim=1) for g in samples], dim=1).norm(dim=1)
-        scale = (self.max_grad_norm / (norms + 1e-12)).clamp(max=1.0)
-        out = [torch.einsum("b,b...->...", scale, g) for g in samples]
+        scale = clip_scale(example_norms(samples), self.max_grad_norm)
+        out = [weighted_sum(scale, g) for g in samples]
         for p in self.params:
             p.grad, p.grad_sample = None, None
-        return out, float(losses.detach().sum())
+        return out, finite_sum(losses.detach())
 
 
 EXPLICIT_BYTES = 64 * 2**20
@@ -607,7 +616,52 @@ def layer_descend(layer: nn.Module, a: torch.Tensor, d: torch.Tensor,
         bias.add_(ds.sum((0, 2, 3)), alpha=alpha)
 
 
+def example_norms(samples: list[torch.Tensor]) -> torch.Tensor:
+    """Each example's L2 norm [B] over per-example gradients ``samples`` ([B, *shape] each); NaN or
+    infinity for an example whose gradient is not finite."""
+    return torch.stack([g.flatten(1).norm(dim=1) for g in samples], dim=1).norm(dim=1)
+
+
+def clip_scale(norms: torch.Tensor, bound: float) -> torch.Tensor:
+    """Per-example clip factors [B]: min(1, ``bound`` / norm), and 0 where the norm is not finite
+    (NaN or infinity), so the clipped sum holds at most ``bound`` per example for any model."""
+    scale = (bound / (norms + 1e-12)).clamp(max=1.0)
+    return torch.where(torch.isfinite(norms), scale, torch.zeros_like(scale))
+
+
+def weighted_sum(scale: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """sum_i scale_i g_i over the examples of ``g`` [B, *shape]; an example with factor 0 adds
+    exactly 0 even where its gradient is NaN or infinite."""
+    return torch.einsum("b,b...->...", scale, _zero_rows(g, scale == 0))
+
+
+def finite_sum(losses: torch.Tensor) -> float:
+    """The summed loss over the examples whose loss is finite (the reported training loss)."""
+    flat = losses.reshape(-1)
+    return float(flat[torch.isfinite(flat)].sum())
+
+
+def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``t`` [B, ...] with the examples where ``rows`` [B] is True set to 0."""
+    if not bool(rows.any()):
+        return t
+    return t.masked_fill(rows.reshape(-1, *([1] * (t.dim() - 1))), 0.0)
+
+
 def _close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> bool:
-    """Equal up to ``rtol`` relative to the larger magnitude of ``want`` (and at least 1e-7)."""
+    """Equal up to ``rtol`` relative to the larger finite magnitude of ``want`` (and at least 1e-2
+    times ``rtol``); non-finite entries must be in the same places with the same values (NaN with
+    NaN), and never raise (a crafted model's NaN is a value to compare, not an error)."""
+    if got.shape != want.shape:
+        return False
+    got_ok, want_ok = torch.isfinite(got), torch.isfinite(want)
+    if not torch.equal(got_ok, want_ok):
+        return False
+    if not bool(want_ok.all()):
+        odd_got, odd_want = got[~want_ok], want[~want_ok]
+        if not torch.equal(torch.isnan(odd_got), torch.isnan(odd_want)) or not torch.equal(
+                torch.nan_to_num(odd_got), torch.nan_to_num(odd_want)):
+            return False
+        got, want = got[want_ok], want[want_ok]
     scale = max(float(want.abs().max()) if want.numel() else 0.0, 1e-2)
     return bool(torch.allclose(got, want, rtol=rtol, atol=rtol * scale))

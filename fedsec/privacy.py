@@ -12,7 +12,9 @@ Every value a client sends, per mode (docs/privacy.md has the full table):
 - its clipped-coordinate count (masking, Paillier): summed inside the secure layer; a function
   of the noisy update under DP-SGD, always 0 under client-level DP (S <= c);
 - whether its local model was finite: under client-level DP a failed client sends a zero update
-  (covered by the noise like any update); under DP-SGD named in ``not_covered``;
+  (covered by the noise like any update); under DP-SGD a function of the noisy steps (per-example
+  clipping gives a non-finite gradient factor 0), still named in ``not_covered`` for the errors
+  training may raise;
 - when it answers: named in ``not_covered``.
 """
 
@@ -86,9 +88,12 @@ SIZES = ("client data-set sizes n_k (the unit takes them as public): the FedAvg 
 TIMING = ("timing: how long a client takes and when its messages arrive (history's seconds); "
           "local work grows with the number of records processed")
 FAILURES = ("failures: a client whose local model is not finite leaves the round (failed_clients, "
-            "dropped), without noise; under DP-SGD every step is bounded (clipped gradients plus "
-            "finite noise), so only non-finite data or overflow can cause it (under client-level "
-            "DP such a client sends a zero update instead, which the noise covers)")
+            "dropped); under DP-SGD each step is the clipped sum plus noise, and an example whose "
+            "gradient is not finite gets clip factor 0, so a non-finite model is a function of the "
+            "noisy steps (post-processing) except where training raises an error (a model the "
+            "per-example probe refuses), which this simulation reports as a failure; a deployed "
+            "site sends a zero update answered like any other instead (under client-level DP such "
+            "a client sends a zero update too, which the noise covers)")
 CLIENT_TEST = ("evaluation metrics computed on held-out records of the clients are released "
                "without noise (the loss, accuracy and per-client metrics of every round)")
 CLIENT_DATA_TEST = ("evaluation metrics computed on records of the clients are released without noise "

@@ -82,7 +82,11 @@ class RemoteRound(AggregationProtocol):
         self.deadline, self.sequential_noise = deadline, sequential_noise
         self.noise_offset = 0
         self.on_trained = on_trained
-        self.name = layer.name
+        self.on_released: Callable[[int], None] | None = None
+        """Charges the run's own budget for a round (set by the coordinator under DP): called when
+        a site refuses the round as ``rounds.replayed``, i.e. an earlier incarnation of this
+        coordinator released that round's sum (S4-6). Each site's update is in at most one release
+        of a round, so this one charge covers the dead incarnation's release and a re-run's."""
         self.replayed: set[int] = set()
         """Sites that refused this round's training as ``rounds.replayed`` (charged: see ``aggregate``)."""
         self.evaluation: RemoteRound | None = None
@@ -119,6 +123,8 @@ class RemoteRound(AggregationProtocol):
             # a site refusing a round whose update it already put into an aggregation (a resumed
             # coordinator re-running it) released that round: its ledger is charged for it
             self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | self.replayed)])
+            if self.replayed and self.on_released is not None:  # charged even if the re-run aborts
+                self.on_released(round_index)
             updates = [u for u in updates if int(u.client_id) in trained]
             if not updates:
                 raise ProtocolAbort("no site trained before the deadline")

@@ -153,6 +153,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     if experiment.privacy is not None:
         hub.noise_multiplier = float(experiment.privacy.noise_multiplier)
         held["round"].noise_multiplier = hub.noise_multiplier
+        held["round"].on_released = experiment.privacy.budget.charge
     remote: RemoteRound = held["round"]
     remote.evaluation = held.get("evaluation")
     return experiment, remote, held["ledgers"]

@@ -20,8 +20,11 @@ Order of a site's first calls, and what stops it:
 
 Every train job is recorded in ``site.db`` before the site trains (more rounds than the plan's,
 or a round whose update already went into an aggregation, is refused; a round whose update no
-setup consumed is trained again for a resumed coordinator, charged once), and its epsilon is
-entered in the audit log. Each pending
+setup consumed is trained again for a resumed coordinator, charged once, at most
+``MAX_TRAININGS`` times a round), and its epsilon is entered in the audit log. Under DP a training
+that fails is a zero update answered like any other (the answer says nothing about the records);
+any other error of a job (``ValueError``, ``ArithmeticError``, ``RuntimeError``) is a recorded
+refusal, never the end of the process. Each pending
 contribution (update, evaluation sums, feature moments) goes into at most one aggregation: the
 first layer setup naming it consumes it in ``site.db`` (see :mod:`fedsec.network.site_work`), and
 the layer is given the site's policy, whose ``min_sites``/``min_threshold`` it enforces at every
@@ -319,7 +322,7 @@ class Site:
             except PolicyRefused as refusal:
                 answer = {"job": job, "ok": False, "reason": refusal.rule}
                 self._event("job_refused", {"kind": kind, "rule": refusal.rule}, round_index)
-            except (ValueError, ArithmeticError) as error:
+            except (ValueError, ArithmeticError, RuntimeError) as error:  # e.g. torch on a crafted job
                 answer = {"job": job, "ok": False, "reason": type(error).__name__}
                 self._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
             # the reply to an answer is the next job (or "wait"): one call per stage

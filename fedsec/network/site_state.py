@@ -11,7 +11,9 @@ A contribution is recorded *before* the site trains for the round (charge before
 transaction that refuses a round whose update already went into an aggregation (a replayed round)
 and a contribution beyond the plan's number of rounds. A round recorded but whose update no setup
 ever consumed may be trained again (a resumed coordinator re-runs the round its crash interrupted):
-the round stays one contribution. So a coordinator that restarts, replays rounds or runs more
+the round stays one contribution, and it is trained at most :data:`MAX_TRAININGS` times (counted
+in the same transaction, on disk), so no coordinator, resumed or lying about it, gets an unbounded
+number of trainings of one round. So a coordinator that restarts, replays rounds or runs more
 rounds than the plan says cannot make the site release more than one update per round and the
 plan's rounds, whose epsilon the ledger reserved when the site accepted the plan.
 """
@@ -30,9 +32,21 @@ CREATE TABLE IF NOT EXISTS contributions (run_id TEXT NOT NULL, round INTEGER NO
     at TEXT NOT NULL, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS consumed (run_id TEXT NOT NULL, kind TEXT NOT NULL, round INTEGER NOT NULL,
     at TEXT NOT NULL, PRIMARY KEY (run_id, kind, round));
+CREATE TABLE IF NOT EXISTS trainings (run_id TEXT NOT NULL, round INTEGER NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS sessions (identity BLOB NOT NULL, session BLOB NOT NULL, round INTEGER NOT NULL,
     PRIMARY KEY (identity, session, round));
 """
+
+
+MAX_TRAININGS = 3
+"""Most trainings of one (plan, round) a site runs: the first and two retrains for a coordinator
+that resumed twice inside the round. Each training's answer is data-independent under DP (a failed
+training is a zero update answered ``ok``, :meth:`fedsec.network.site_work.SiteWork.train`), and
+only one of a round's updates can be consumed; the bound is the depth behind that: whatever a
+training might still leak (its timing, a crash), a coordinator crash-looping or pretending to
+resume gets it at most three times a round, then ``rounds.retrained`` for that round (the
+operator sees it in the audit log and the coordinator can run the next round)."""
 
 
 def _now() -> str:
@@ -67,11 +81,13 @@ class SiteState:
         its crash interrupted) iff the site's update of that round was never consumed (no layer
         setup named it, :meth:`consume`): nothing that depends on the first training has left
         the site, and at most one of its round-``round_index`` updates can ever be consumed. The
-        count does not grow (the round is charged once).
+        count does not grow (the round is charged once). A round is trained at most
+        :data:`MAX_TRAININGS` times.
 
         Raises:
             PolicyRefused: ``rounds.replayed`` (this round's update already went into an
-                aggregation), or ``rounds.plan`` (the plan's ``max_rounds`` contributions are
+                aggregation), ``rounds.retrained`` (this round was trained :data:`MAX_TRAININGS`
+                times already), or ``rounds.plan`` (the plan's ``max_rounds`` contributions are
                 done), or ``rounds.invalid`` (a round outside [1, max_rounds]).
         """
         if isinstance(round_index, bool) or not isinstance(round_index, int) \
@@ -87,11 +103,20 @@ class SiteState:
                                     "AND round = ?", (run_id, round_index)).fetchone():
                     raise PolicyRefused("rounds.replayed", f"this site's update of round {round_index} "
                                                            f"already went into an aggregation")
+                row = self._db.execute("SELECT count FROM trainings WHERE run_id = ? AND round = ?",
+                                       (run_id, round_index)).fetchone()
+                trained = 1 if row is None else int(row[0])  # a site.db from before the count: 1
+                if trained >= MAX_TRAININGS:
+                    raise PolicyRefused("rounds.retrained", f"this site trained round {round_index} "
+                                                            f"{trained} times, the most it trains one round")
+                self._db.execute("INSERT OR REPLACE INTO trainings VALUES (?, ?, ?)",
+                                 (run_id, round_index, trained + 1))
                 return done
             if done >= max_rounds:
                 raise PolicyRefused("rounds.plan",
                                     f"this site has contributed the plan's {max_rounds} rounds")
             self._db.execute("INSERT INTO contributions VALUES (?, ?, ?)", (run_id, round_index, _now()))
+            self._db.execute("INSERT OR REPLACE INTO trainings VALUES (?, ?, 1)", (run_id, round_index))
         return done + 1
 
     def used(self, run_id: str, kind: str, round_index: int) -> bool:

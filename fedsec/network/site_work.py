@@ -30,6 +30,7 @@ import torch
 
 from fedsec import fl_core
 from fedsec.config import ExperimentConfig
+from fedsec.dp.errors import UnsupportedModelError
 from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
@@ -183,8 +184,12 @@ class SiteWork:
 
     def train(self, header: dict[str, Any], body: bytes) -> dict[str, Any]:
         """Local training for the job's round; returns what the answer adds (the noise stream's
-        position under reproducible DP-SGD). ``ClientAbort('nonfinite')`` when the local model
-        is not finite (the simulation's failed client)."""
+        position under reproducible DP-SGD). Without DP, ``ClientAbort('nonfinite')`` when the
+        local model is not finite (the simulation's failed client) and ``ClientAbort('training')``
+        when training raises. Under DP (DP-SGD or client level) a failed training of either kind
+        is a zero update with the usual weight, answered like any other: whether it fails is a
+        function of the site's records, so the answer may not depend on it (post-processing of
+        the mechanism's output; the round is charged as usual)."""
         assert self.strategy is not None
         round_index = field(header, "round", int)
         vector = vector_from(body, self.length)
@@ -205,9 +210,14 @@ class SiteWork:
         self.model.train()  # an evaluation job may have come first (a restarted site)
         try:
             local = self.strategy.client_update(self.model, vector, self.train_data, rng=rng)
-        except NonFiniteError:
-            raise ClientAbort("nonfinite") from None
-        vector, weight = local.vector, int(local.weight)
+            vector, weight = local.vector, int(local.weight)
+        except (NonFiniteError, UnsupportedModelError, RuntimeError, ArithmeticError) as error:
+            if self.privacy is None:  # no DP promise: the simulation's failed client
+                raise ClientAbort("nonfinite" if isinstance(error, NonFiniteError) else "training") from None
+            # under DP a failed training is a zero update contributed as usual and answered ok:
+            # whether training fails depends on the records, so the answer must not say so
+            equal = self.privacy.weighting == "equal"
+            vector, weight = np.zeros(self.length, dtype=np.float32), 1 if equal else len(self.train_data)
         if self.client_noise is not None:  # client level: clipped to S, weight 1 (the simulation's)
             vector, weight = clip_update(vector, self.config.dp.max_grad_norm), 1
         self.pending = Contribution("update", round_index, vector, weight)

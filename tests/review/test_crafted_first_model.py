@@ -13,7 +13,6 @@ the site's records (some record must overflow), so each crash is also one bit ab
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from fedsec.protocols.errors import ClientAbort
 
 from fedsec.network.envelope import MalformedEnvelope, vector_bytes
@@ -24,9 +23,6 @@ HANDLED = (ClientAbort, PolicyRefused, MalformedEnvelope, ValueError, Arithmetic
 """What ``Site._jobs`` answers as a refusal (anything else ends the site process)."""
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="S4-4: a crafted first model makes the DP-SGD probe raise RuntimeError, which "
-                          "Site._jobs does not catch: the site process dies")
 def test_a_crafted_first_model_is_refused_not_fatal(tmp_path):
     ring = Ring(tmp_path / "d", 3, extra='[dp]\naccountant = "rdp"\n')
     try:

@@ -28,8 +28,6 @@ UNMASK = ROUND.index("layer/unmask") + 1
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="S4-6: a round released by a killed coordinator is charged in each "
-                                       "site's row but not in the run's published epsilon after --resume")
 def test_a_round_released_before_a_crash_is_in_the_published_epsilon(tmp_path):
     reference = Federation(tmp_path / "reference", rounds=3, extra=EXTRA)
     try:

@@ -25,7 +25,6 @@ retrain rule), then ``SiteWork.train``. The secure outcome is a refusal from the
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from fedsec.protocols.errors import ClientAbort
 
 from fedsec.network.envelope import vector_bytes
@@ -35,9 +34,6 @@ from tests.review.harness import Ring
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-@pytest.mark.xfail(strict=True, reason="S4-1: the retrain rule lets a coordinator train one unconsumed "
-                                       "round without bound; each train answer ('nonfinite' or ok) "
-                                       "is a bit about the site's records")
 def test_unbounded_retraining_of_one_round_reads_a_feature_maximum(tmp_path):
     ring = Ring(tmp_path / "d", 3, extra='[dp]\naccountant = "rdp"\n')
     try:

@@ -19,7 +19,7 @@ from fedsec.network.errors import PolicyRefused
 from fedsec.network.layers import CoordinatorContext, SiteContext, split_first
 from fedsec.network.layers.masking import BAD_CERTIFICATE, NOT_OURS, MaskingCoordinator, MaskingSite
 from fedsec.network.site import load_identity
-from fedsec.network.site_state import SiteState
+from fedsec.network.site_state import MAX_TRAININGS, SiteState
 
 N = 5
 
@@ -139,8 +139,9 @@ def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans
         try:
             counts.append(state.contribute("run", claim, max_rounds=rounds))
         except PolicyRefused as refusal:
-            assert refusal.rule in ("rounds.invalid", "rounds.plan", "rounds.replayed")
+            assert refusal.rule in ("rounds.invalid", "rounds.plan", "rounds.replayed", "rounds.retrained")
             assert (refusal.rule != "rounds.replayed") or claim in consumed
+            assert (refusal.rule != "rounds.retrained") or trained.count(claim) == MAX_TRAININGS
             continue
         assert claim not in consumed  # a consumed round is never trained again
         trained.append(claim)
@@ -152,6 +153,7 @@ def test_a_coordinator_replaying_or_adding_rounds_never_gets_more_than_the_plans
     assert sorted(set(trained)) == recorded and len(recorded) <= rounds
     assert all(1 <= r <= rounds for r in trained)
     assert len(consumed) == len(set(consumed))
+    assert all(trained.count(r) <= MAX_TRAININGS for r in trained)  # retrains are bounded
     assert counts == [len(set(trained[:i + 1])) for i in range(len(trained))]
     expected: list[int] = []
     for claim, _, _ in claims:
