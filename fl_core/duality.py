@@ -67,6 +67,7 @@ class LogisticLoss:
     def maximize(alpha: float, m: float, q: float) -> float:
         lo, hi = -m - q * (1.0 - alpha), -m + q * alpha
         u = 0.5 * (lo + hi)
+        previous = hi - lo
         for _ in range(NEWTON_ITERATIONS):
             s = _sigmoid(u)
             g = -u - m - q * (s - alpha)
@@ -75,8 +76,14 @@ class LogisticLoss:
             else:
                 hi = u
             step = u + g / (1.0 + q * s * (1.0 - s))
-            new = step if lo < step < hi else 0.5 * (lo + hi)
-            done = abs(new - u) <= NEWTON_TOL * (1.0 + abs(u))
+            # safeguarded Newton: a step outside the bracket, or one not half the size of the
+            # one before (Newton cycling between the sigmoid's flat tails), bisects instead
+            if lo < step < hi and abs(step - u) <= 0.5 * previous:
+                new = step
+            else:
+                new = 0.5 * (lo + hi)
+            previous = abs(new - u)
+            done = previous <= NEWTON_TOL * (1.0 + abs(u))
             u = new
             if done or hi - lo <= NEWTON_TOL * (1.0 + abs(u)):
                 break

@@ -15,7 +15,7 @@ from fedsec.fl_core import AggregateResult, AggregationProtocol, ClientUpdate, P
 from fedsec.fl_core.cocoa import CoCoA, CoCoAClient, primal_objective
 from fedsec.fl_core.duality import HingeLoss, LogisticLoss, signed_labels, with_intercept
 from fedsec.fl_core.errors import AggregationError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 from sklearn.svm import LinearSVC
@@ -132,6 +132,7 @@ def test_whichever_clients_the_network_drops_w_stays_a_alpha_and_the_dual_never_
 
 @settings(max_examples=40)
 @given(alpha=st.floats(0, 1), m=st.floats(-20, 20), q=st.floats(1e-3, 1e3))
+@example(alpha=0.0, m=-2.75, q=46.0)  # plain Newton cycled between the sigmoid's tails here
 def test_the_logistic_coordinate_step_maximises_its_one_dimensional_problem(alpha, m, q):
     a = LogisticLoss.maximize(alpha, m, q)
 
