@@ -106,10 +106,12 @@ class Mailboxes:
             return len(self._queues[name])
 
     def clear(self, name: str) -> None:
-        """Drop ``name``'s queued jobs (it reconnected: it starts afresh with the next job)."""
+        """Withdraw ``name``'s jobs, queued or already delivered (it reconnected: it starts afresh
+        with the next job, and an exchange waiting on one of its old jobs ends without it now
+        rather than at the stage deadline)."""
         with self._cond:
-            for job, _ in self._queues[name]:
-                self._pending.pop(job, None)
+            for job in [j for j, owner in self._pending.items() if owner == name]:
+                del self._pending[job]
             self._queues[name].clear()
             self._cond.notify_all()
             self._site_cond[name].notify_all()
