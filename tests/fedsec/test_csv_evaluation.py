@@ -181,8 +181,11 @@ def test_an_encoding_too_coarse_for_exact_counts_is_refused_up_front(tmp_path):
     config = make_config({"data.dataset": "csv", "data.label": "y", "data.classes": [0, 1],
                           "data.clients": 100, "dp.mode": "none"})
     tests = [fl_core.ArrayDataset(np.zeros((1, 2), np.float32), np.zeros(1, np.int64))] * 100
-    big = fl_core.ArrayDataset(np.broadcast_to(np.float32(0), (2**30, 2)),
-                               np.broadcast_to(np.int64(0), (2**30,)))  # views: no memory
+    # a client of 2**30 records held as broadcast views (no memory): ArrayDataset would copy them
+    # to canonical strides (16 GB), so the views are set on a small one; the evaluator reads len()
+    big = fl_core.ArrayDataset(np.zeros((1, 2), np.float32), np.zeros(1, np.int64))
+    object.__setattr__(big, "x", np.broadcast_to(np.float32(0), (2**30, 2)))
+    object.__setattr__(big, "y", np.broadcast_to(np.int64(0), (2**30,)))
     data = fl_core.FederatedDataset(name="csv", clients=(big, *tests[1:]), test=pooled(tests),
                                     n_classes=2, input_shape=(2,), standardize=False,
                                     info={"test_sizes": [1] * 100})
