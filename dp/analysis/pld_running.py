@@ -44,6 +44,9 @@ EXACT_EVERY = 128
 HEADROOM = 1.15
 """The FFT grid is this many times the window it must hold when it is (re)built, so that a window
 growing like sqrt(T) rebuilds it rarely."""
+SKIP_GAP = 0.01
+"""A neighbour direction is skipped only when its upper bound is this far below the other's value
+(ten times the refinement's agreement), a safety margin on top of the bound's argument."""
 CACHE_SIZE = 24
 """Engines kept at most (one per sigma, q, discretisation; least recently used dropped)."""
 CACHE_BYTES = 256 * 2**20
@@ -210,16 +213,17 @@ class RunningPLD:
                    bounds: tuple[float, float] = (math.inf, math.inf)) -> tuple[float, float]:
         """(remove, add) epsilons at ``delta`` after ``steps`` steps, given upper ``bounds`` on
         each (the values at a nested coarser discretisation, :func:`dp.analysis.pld.epsilon`).
-        The direction with the larger bound is computed first; the other is computed only if its
-        bound exceeds that value, else its bound is returned in its place. Either way the larger
-        of the two is the exact larger of both directions."""
+        The direction with the larger bound is computed first; the other is computed unless its
+        bound is at least ``SKIP_GAP`` below that value, else its bound is returned in its place.
+        Either way the larger of the two is the exact larger of both directions (docs/privacy.md,
+        section 7)."""
         if self.add is None:
             value = self.remove.epsilon(steps, delta)
             return value, value
         pmfs, values = (self.remove, self.add), list(bounds)
         first = 0 if bounds[0] >= bounds[1] else 1
         values[first] = pmfs[first].epsilon(steps, delta)
-        if bounds[1 - first] > values[first]:
+        if bounds[1 - first] + SKIP_GAP > values[first]:
             values[1 - first] = pmfs[1 - first].epsilon(steps, delta)
         return values[0], values[1]
 
