@@ -10,7 +10,8 @@ whole ledger (dp-accounting from scratch); now the PLD goes through the cached r
 The workloads are the README default (DP-SGD, 7 steps a round) with each accountant, DP-SGD at
 sigma = 1 and at q = 0.01 with 100 steps a round (each accountant), and the grid sigma in
 {0.5, 1, 2} x q in {0.001, 0.01, 0.1} with one step a round (client-level noise: one Gaussian
-release of the sum a round, q the share of clients sampled) with each accountant.
+release of the sum a round, q the share of clients sampled) with each accountant, and central
+client-level noise with every client in every round (q = 1) at sigma = 1 and 5.
 
 For each workload and each round r in 10, 100, 1,000 the benchmark brings a fresh budget's ledgers
 to round r - 3, runs rounds r - 2, r - 1 and r as a run does (``before_round``, ``charge``,
@@ -58,6 +59,9 @@ for _sigma in (0.5, 1.0, 2.0):
     for _q in (0.001, 0.01, 0.1):
         for _name in ACCOUNTANTS:  # client-level noise, one release a round, report only
             WORKLOADS[f"grid_s{_sigma:g}_q{_q:g}_{_name}"] = (GaussianEvent(_sigma, _q, 1), _name, 0.0)
+for _sigma in (1.0, 5.0):
+    for _name in ACCOUNTANTS:  # central client-level noise on every client's update: q = 1
+        WORKLOADS[f"central_s{_sigma:g}_q1_{_name}"] = (GaussianEvent(_sigma, 1.0, 1), _name, 0.0)
 OLD = {"pld": lambda events: pld.epsilon(events, DELTA, from_scratch=True),
        "prv": lambda events: prv.epsilon(events, DELTA, from_scratch=True),
        "rdp": lambda events: rdp.epsilon(events, DELTA, from_scratch=True)}
