@@ -24,9 +24,12 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
             raise UnsupportedEventError("the PRV accountant covers the subsampled Gaussian only")
     if len(events) == 1 and not from_scratch:
         event = events[0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return running_epsilon(event.noise_multiplier, event.sample_rate, event.steps, delta)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return running_epsilon(event.noise_multiplier, event.sample_rate, event.steps, delta)
+        except RuntimeError:  # Opacus' own checks (the discretised mean, the search) on the
+            pass              # bucket's domain: the exact computation below decides
     accountant = PRVAccountant()
     for event in events:
         accountant.history.append((event.noise_multiplier, event.sample_rate, event.steps))
