@@ -4,7 +4,14 @@ Every round the budget asks for epsilon after the next round (its stop rule) and
 and the RDP cross-check; the ledger of a run with one cost profile is one Gaussian event whose
 step count grows every round. Before this change each of those numbers was recomputed from the
 whole ledger (dp-accounting from scratch); now the PLD goes through the cached running engine
-(:mod:`dp.analysis.pld_running`) and the RDP through the cached per-step series.
+(:mod:`dp.analysis.pld_running`), the PRV through the bucketed engine
+(:mod:`dp.analysis.prv_running`) and the RDP through the cached per-step series.
+
+The workloads are the README default (DP-SGD, 7 steps a round) with each accountant, DP-SGD at
+sigma = 1 and at q = 0.01 with 100 steps a round (each accountant), and the grid sigma in
+{0.5, 1, 2} x q in {0.001, 0.01, 0.1} with one step a round (client-level noise: one Gaussian
+release of the sum a round, q the share of clients sampled) with each accountant, and central
+client-level noise with every client in every round (q = 1) at sigma = 1 and 5.
 
 For each workload and each round r in 10, 100, 1,000 the benchmark brings a fresh budget's ledgers
 to round r - 3, runs rounds r - 2, r - 1 and r as a run does (``before_round``, ``charge``,
@@ -17,14 +24,18 @@ values both ways. ``round_s`` is the measured time of one round of the README's 
 
     python -m benchmarks.accountant [--rounds 10 100 1000] [--skip-round-time]
 
+    python -m benchmarks.accountant --only grid_   # the workloads whose name contains grid_
+
 Last stdout line (JSON): {"workloads": {name: {"profile": ..., "accountant": ..., "rounds":
-{r: {"old_s", "new_s", "speedup", "epsilon", "epsilon_from_scratch"}}}}, "round_s": ...,
-"share_of_round_at_max": {name: new_s / round_s}}.
+{r: {"old_s", "old_cpu_s", "new_s", "new_cpu_s", "new_max_s", "speedup", "epsilon",
+"epsilon_from_scratch", "difference"}}}}, "round_s": ..., "share_of_round_at_max":
+{name: new_s / round_s}, "slowest_at_max": [name, new_s], "load_average": [...]}.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from fedsec.dp.analysis import pld, prv, rdp
@@ -35,18 +46,24 @@ from fedsec.protocols.privacy import PrivacyBudget
 from benchmarks._common import emit, log
 
 DELTA = 1e-5
-WORKLOADS = {
+ACCOUNTANTS = ("pld", "prv", "rdp")
+WORKLOADS: dict[str, tuple[GaussianEvent, str, float]] = {}
+for _name in ACCOUNTANTS:
     # the README default run taken to 1,000 rounds: sigma calibrated for epsilon 3 over 1,000 rounds
-    "readme_default_pld": (GaussianEvent(16.375, 16 / 114, 7), "pld", 3.0),
+    WORKLOADS[f"readme_default_{_name}"] = (GaussianEvent(16.375, 16 / 114, 7), _name, 3.0)
     # DP-SGD at sigma 1, report only (no target): a long run's epsilon grows into the hundreds
-    "dpsgd_sigma1_pld": (GaussianEvent(1.0, 16 / 114, 7), "pld", 0.0),
+    WORKLOADS[f"dpsgd_sigma1_{_name}"] = (GaussianEvent(1.0, 16 / 114, 7), _name, 0.0)
     # a lower sampling rate and 100 steps a round: 100,000 steps at round 1,000, the finest grid
-    "dpsgd_q001_pld": (GaussianEvent(1.0, 0.01, 100), "pld", 0.0),
-    "readme_default_rdp": (GaussianEvent(16.375, 16 / 114, 7), "rdp", 3.0),
-    "readme_default_prv": (GaussianEvent(16.375, 16 / 114, 7), "prv", 3.0),
-}
+    WORKLOADS[f"dpsgd_q001_{_name}"] = (GaussianEvent(1.0, 0.01, 100), _name, 0.0)
+for _sigma in (0.5, 1.0, 2.0):
+    for _q in (0.001, 0.01, 0.1):
+        for _name in ACCOUNTANTS:  # client-level noise, one release a round, report only
+            WORKLOADS[f"grid_s{_sigma:g}_q{_q:g}_{_name}"] = (GaussianEvent(_sigma, _q, 1), _name, 0.0)
+for _sigma in (1.0, 5.0):
+    for _name in ACCOUNTANTS:  # central client-level noise on every client's update: q = 1
+        WORKLOADS[f"central_s{_sigma:g}_q1_{_name}"] = (GaussianEvent(_sigma, 1.0, 1), _name, 0.0)
 OLD = {"pld": lambda events: pld.epsilon(events, DELTA, from_scratch=True),
-       "prv": lambda events: prv.epsilon(events, DELTA),
+       "prv": lambda events: prv.epsilon(events, DELTA, from_scratch=True),
        "rdp": lambda events: rdp.epsilon(events, DELTA, from_scratch=True)}
 
 
@@ -56,36 +73,39 @@ def _record(round_index: int) -> RoundRecord:
 
 
 def new_round(event: GaussianEvent, accountant: str, target: float, round_index: int
-              ) -> tuple[float, float]:
-    """(seconds of one round at ``round_index``, the epsilon reported at round ``round_index``) for
-    a fresh budget brought there."""
+              ) -> tuple[float, float, float, float]:
+    """(wall seconds, CPU seconds, slower wall seconds of one round at ``round_index``, the epsilon
+    reported at round ``round_index``) for a fresh budget brought there."""
     budget = PrivacyBudget(profiles=[[event]], delta=DELTA, target_epsilon=target,
                            accountant=accountant, unit="example",
                            noise_multiplier=event.noise_multiplier)
     for a in budget.accountants:
         for _ in range(max(round_index - 3, 0)):
             a.record(event)
-    seconds = []
+    seconds, cpu = [], []
     for r in range(max(round_index - 2, 1), round_index + 1):
         record = _record(r)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         budget.before_round(r)
         budget.charge(r)
         budget.after_round(record)
         seconds.append(time.perf_counter() - start)
-    return min(seconds[1:] or seconds), float(record.metrics["epsilon"])
+        cpu.append(time.process_time() - start_cpu)
+    timed = seconds[1:] or seconds
+    fastest = timed.index(min(timed))
+    return (min(timed), (cpu[1:] or cpu)[fastest], max(timed), float(record.metrics["epsilon"]))
 
 
 def old_round(event: GaussianEvent, accountant: str, target: float, round_index: int
-              ) -> tuple[float, float]:
+              ) -> tuple[float, float, float]:
     """(seconds, epsilon) of what the budget computed for round ``round_index`` before: the
     epsilon after the round (its stop rule; the same ledger is then reported from the cache) and
-    the RDP cross-check, each from the whole ledger."""
+    the RDP cross-check, each from the whole ledger: (wall s, CPU s, epsilon)."""
     ledger = [GaussianEvent(event.noise_multiplier, event.sample_rate, event.steps * round_index)]
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     value = OLD[accountant](ledger)
     OLD["rdp"](ledger)
-    return time.perf_counter() - start, float(value)
+    return time.perf_counter() - start, time.process_time() - start_cpu, float(value)
 
 
 def round_time(rounds: int = 3) -> float:
@@ -103,16 +123,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--skip-round-time", action="store_true")
+    parser.add_argument("--only", default="", help="run the workloads whose name contains this")
     args = parser.parse_args()
-    out: dict = {"workloads": {}, "delta": DELTA}
+    out: dict = {"workloads": {}, "delta": DELTA, "load_average": list(os.getloadavg())}
     for name, (event, accountant, target) in WORKLOADS.items():
+        if args.only not in name:
+            continue
         rows = {}
         for r in args.rounds:
-            new_s, eps = new_round(event, accountant, target, r)
-            old_s, eps_old = old_round(event, accountant, target, r)
-            rows[str(r)] = {"old_s": round(old_s, 4), "new_s": round(new_s, 4),
+            new_s, new_cpu, new_max, eps = new_round(event, accountant, target, r)
+            old_s, old_cpu, eps_old = old_round(event, accountant, target, r)
+            rows[str(r)] = {"old_s": round(old_s, 4), "old_cpu_s": round(old_cpu, 4),
+                            "new_s": round(new_s, 4), "new_cpu_s": round(new_cpu, 4),
+                            "new_max_s": round(new_max, 4),
                             "speedup": round(old_s / max(new_s, 1e-9), 1),
-                            "epsilon": eps, "epsilon_from_scratch": eps_old}
+                            "epsilon": eps, "epsilon_from_scratch": eps_old,
+                            "difference": eps - eps_old}
             log(f"{name} round {r}: {rows[str(r)]}")
         out["workloads"][name] = {"profile": [event.noise_multiplier, event.sample_rate, event.steps],
                                   "accountant": accountant, "target_epsilon": target, "rounds": rows}
@@ -123,6 +149,11 @@ def main() -> None:
             name: round(w["rounds"][last]["new_s"] / out["round_s"], 4)
             for name, w in out["workloads"].items()}
         log(f"round time of the default experiment: {out['round_s']} s")
+    last = str(max(args.rounds))
+    if out["workloads"]:
+        slowest = max(out["workloads"], key=lambda n: out["workloads"][n]["rounds"][last]["new_s"])
+        out["slowest_at_max"] = [slowest, out["workloads"][slowest]["rounds"][last]["new_s"]]
+    out["load_average_end"] = list(os.getloadavg())
     emit(out)
 
 

@@ -44,6 +44,9 @@ EXACT_EVERY = 128
 HEADROOM = 1.15
 """The FFT grid is this many times the window it must hold when it is (re)built, so that a window
 growing like sqrt(T) rebuilds it rarely."""
+SKIP_GAP = 0.01
+"""A neighbour direction is skipped only when its upper bound is this far below the other's value
+(ten times the refinement's agreement), a safety margin on top of the bound's argument."""
 CACHE_SIZE = 24
 """Engines kept at most (one per sigma, q, discretisation; least recently used dropped)."""
 CACHE_BYTES = 256 * 2**20
@@ -128,10 +131,11 @@ class _RunningPMF:
             self.grid = (size, fft.rfft(self.probs, size))
         size = self.grid[0]
         values = fft.irfft(self._power_to(steps), size)
-        if lower + length <= size:  # the window lies inside the grid: a view
-            window = values[lower:lower + length]
-        else:
-            window = np.take(values, np.arange(lower, lower + length) % size)
+        start = lower % size  # the window's first index on the circular grid
+        if start + length <= size:  # the window lies inside the grid: a view
+            window = values[start:start + length]
+        else:  # it wraps around the grid once (length < size): two slices
+            window = np.concatenate((values[start:], values[:start + length - size]))
         infinity = TAIL_MASS - math.expm1(steps * math.log1p(-self.infinity_mass))
         return self.lower_loss * steps + lower, window, infinity
 
@@ -203,8 +207,25 @@ class RunningPLD:
     def epsilon(self, steps: int, delta: float) -> float:
         """Epsilon at ``delta`` after ``steps`` >= 1 steps (the larger over both neighbour
         directions, as dp-accounting's ``get_epsilon_for_delta``)."""
-        value = self.remove.epsilon(steps, delta)
-        return value if self.add is None else max(value, self.add.epsilon(steps, delta))
+        return max(self.directions(steps, delta))
+
+    def directions(self, steps: int, delta: float,
+                   bounds: tuple[float, float] = (math.inf, math.inf)) -> tuple[float, float]:
+        """(remove, add) epsilons at ``delta`` after ``steps`` steps, given upper ``bounds`` on
+        each (the values at a nested coarser discretisation, :func:`dp.analysis.pld.epsilon`).
+        The direction with the larger bound is computed first; the other is computed unless its
+        bound is at least ``SKIP_GAP`` below that value, else its bound is returned in its place.
+        Either way the larger of the two is the exact larger of both directions (docs/privacy.md,
+        section 7)."""
+        if self.add is None:
+            value = self.remove.epsilon(steps, delta)
+            return value, value
+        pmfs, values = (self.remove, self.add), list(bounds)
+        first = 0 if bounds[0] >= bounds[1] else 1
+        values[first] = pmfs[first].epsilon(steps, delta)
+        if bounds[1 - first] + SKIP_GAP > values[first]:
+            values[1 - first] = pmfs[1 - first].epsilon(steps, delta)
+        return values[0], values[1]
 
 
 _ENGINES: OrderedDict[tuple[float, float, float], RunningPLD] = OrderedDict()
@@ -213,13 +234,20 @@ _ENGINES: OrderedDict[tuple[float, float, float], RunningPLD] = OrderedDict()
 def running_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
                     discretisation: float) -> float:
     """Epsilon of ``steps`` subsampled Gaussian steps from the cached engine for these parameters."""
+    return max(running_directions(noise_multiplier, sample_rate, steps, delta, discretisation))
+
+
+def running_directions(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+                       discretisation: float,
+                       bounds: tuple[float, float] = (math.inf, math.inf)) -> tuple[float, float]:
+    """:meth:`RunningPLD.directions` of the cached engine for these parameters."""
     key = (float(noise_multiplier), float(sample_rate), float(discretisation))
     engine = _ENGINES.pop(key, None)
     if engine is None:
         engine = RunningPLD(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                             discretisation=discretisation)
     _ENGINES[key] = engine
-    value = engine.epsilon(steps, delta)
+    value = engine.directions(steps, delta, bounds)
     while len(_ENGINES) > 1 and (len(_ENGINES) > CACHE_SIZE
                                  or sum(e.nbytes for e in _ENGINES.values()) > CACHE_BYTES):
         _ENGINES.popitem(last=False)

@@ -80,9 +80,9 @@ def test_refinement_runs_coarse_to_fine_and_stops_when_values_agree(monkeypatch)
     seen = []
     original = pld.epsilon_at
 
-    def spy(events, delta, discretisation):
+    def spy(events, delta, discretisation, **kwargs):
         seen.append(discretisation)
-        return original(events, delta, discretisation)
+        return original(events, delta, discretisation, **kwargs)
 
     monkeypatch.setattr(pld, "epsilon_at", spy)
     pld.epsilon([GaussianEvent(4.0, 0.01, 10_000)], 1e-5)

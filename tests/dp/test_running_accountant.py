@@ -2,7 +2,7 @@
 
 - A run's sequence of queries (T growing each round, trials one round ahead, a resumed run jumping
   far ahead, a smaller T after a larger one) gives, at every round checked, the from-scratch PLD
-  epsilon (dp-accounting composing the whole ledger) to 1e-6, far inside the 0.001 the
+  epsilon (dp-accounting composing the whole ledger) to within [0, 2e-6] above it, far inside the 0.001 the
   refinement works to (dp/analysis/pld.py); the refinement stops at the same discretisation.
 - The engine's pieces equal dp-accounting's own: the truncation window, the self-composed PMF
   (which also pins the private attributes the engine reads) and the hockey-stick scan.
@@ -32,6 +32,11 @@ def _scratch(sigma, q, steps, delta=DELTA):
     return pld.epsilon([GaussianEvent(sigma, q, steps)], delta, from_scratch=True)
 
 
+def _within(value, scratch):
+    """The documented tolerance: never below the from-scratch value, at most 2 RUNNING_MARGIN above."""
+    return scratch <= value <= scratch + 2 * pld.RUNNING_MARGIN
+
+
 @pytest.mark.parametrize("sigma,q,per_round", REGIMES)
 def test_a_growing_run_reports_the_from_scratch_epsilon(sigma, q, per_round):
     pld_running._ENGINES.clear()
@@ -40,16 +45,15 @@ def test_a_growing_run_reports_the_from_scratch_epsilon(sigma, q, per_round):
         trial = pld.epsilon([GaussianEvent(sigma, q, per_round * (r + 1))], DELTA)  # before_round
         value = pld.epsilon([GaussianEvent(sigma, q, per_round * r)], DELTA)
         if r in checked:
-            assert value == pytest.approx(_scratch(sigma, q, per_round * r), abs=1e-6, rel=0)
-            assert trial == pytest.approx(_scratch(sigma, q, per_round * (r + 1)), abs=1e-6, rel=0)
+            assert _within(value, _scratch(sigma, q, per_round * r))
+            assert _within(trial, _scratch(sigma, q, per_round * (r + 1)))
 
 
 def test_jumps_and_smaller_step_counts_give_the_from_scratch_epsilon():
     """A resumed run starts far ahead; a trial for a smaller T follows a larger one."""
     pld_running._ENGINES.clear()
     for steps in (5, 900, 3, 4000, 4001, 17):
-        assert pld.epsilon([GaussianEvent(2.0, 0.1, steps)], DELTA) == pytest.approx(
-            _scratch(2.0, 0.1, steps), abs=1e-6, rel=0)
+        assert _within(pld.epsilon([GaussianEvent(2.0, 0.1, steps)], DELTA), _scratch(2.0, 0.1, steps))
 
 
 def test_the_running_power_is_recomputed_exactly_and_stays_exact():
@@ -124,8 +128,7 @@ def test_a_budget_reports_the_from_scratch_epsilon_every_round():
         budget.after_round(record)
         if r % 13 == 1:
             ledger = [GaussianEvent(1.3, 0.08, 12 * r)]
-            assert record.metrics["epsilon"] == pytest.approx(
-                pld.epsilon(ledger, DELTA, from_scratch=True), abs=1e-6, rel=0)
+            assert _within(record.metrics["epsilon"], pld.epsilon(ledger, DELTA, from_scratch=True))
             assert record.metrics["epsilon_rdp"] == rdp.epsilon(ledger, DELTA, from_scratch=True)
 
 
