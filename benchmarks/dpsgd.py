@@ -2,7 +2,9 @@
 
 Logistic regression on the breast-cancer training split and the small CNN on the digits
 training split (each as one party's data). Plain: fedsec's SGD trainer (shuffled minibatches).
-Private: ``dp.DPSGD`` (Poisson sampling, per-example clipping on the fast path, noise from AES-CTR).
+Private: ``dp.DPSGD`` (Poisson sampling, per-example clipping on the fast path, noise from AES-CTR)
+with the loss DP-SGD clients train on (``per_example_classification_loss``: its derivative in
+closed form).
 Plain and private epochs alternate, --repeats times each: ``ratio`` is the fastest private
 epoch over the fastest plain one, ``ratio_paired`` the median over the repeats of each private
 epoch over the plain epoch just before it (robust to the load of a shared machine drifting).
@@ -26,13 +28,9 @@ import numpy as np
 import torch
 from fedsec.dp import DPSGD
 from fedsec.fl_core import SGDTrainer, build_model, load_federated
-from fedsec.fl_core.models import classification_loss
+from fedsec.fl_core.models import per_example_classification_loss as _loss
 
 from benchmarks._common import emit, log
-
-
-def _loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return classification_loss(outputs, targets, reduction="none")
 
 
 def measure(dataset: str, model_name: str, batch_size: int, repeats: int) -> dict:
