@@ -129,8 +129,8 @@ class PerExampleClassificationLoss:
     def value_and_grad(self, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(losses [B], d sum(losses) / d logits [B, K]) without autograd: sigmoid(z) - y for one
         logit, softmax(z) - onehot(y) for more, by the kernels torch's own backward runs
-        (``_log_softmax_backward_data``), so equal to autograd's to the bit. Raises where the loss itself would (a
-        label out of range), IndexError or RuntimeError."""
+        (``_log_softmax_backward_data``), so equal to autograd's to the bit. Raises where the
+        loss itself would (a label out of range), IndexError or RuntimeError."""
         with torch.no_grad():
             if logits.shape[1] == 1:
                 z, target = logits[:, 0], y.to(logits.dtype)
