@@ -4,7 +4,11 @@ norm of at most C, as DP-SGD needs it.
 Fast path (every trainable parameter in ``nn.Linear`` layers fed 2-D inputs or ``nn.Conv2d``
 layers, each layer used once per forward pass, no parameter held by two modules): one forward
 pass records each layer's input, one backward pass asks autograd only for the gradients of the
-layers' outputs (no weight gradients), and the per-example norms come from those two factors:
+layers' outputs (no weight gradients), and the per-example norms come from those two factors.
+Where the loss offers its derivative in closed form (``loss_fn.value_and_grad(outputs,
+targets)``, as ``fl_core.models.per_example_classification_loss`` does), the backward pass
+starts from the model's output with it, and a model whose output is its only layer's output
+(logistic regression) needs no backward pass at all. The per-example norms:
 
 - Linear: ||g_i||^2 = ||a_i||^2 ||d_i||^2 + ||d_i||^2 (weight and bias), a closed form, so a
   logistic regression costs about one plain step;
