@@ -4,7 +4,11 @@ norm of at most C, as DP-SGD needs it.
 Fast path (every trainable parameter in ``nn.Linear`` layers fed 2-D inputs or ``nn.Conv2d``
 layers, each layer used once per forward pass, no parameter held by two modules): one forward
 pass records each layer's input, one backward pass asks autograd only for the gradients of the
-layers' outputs (no weight gradients), and the per-example norms come from those two factors:
+layers' outputs (no weight gradients), and the per-example norms come from those two factors.
+Where the loss offers its derivative in closed form (``loss_fn.value_and_grad(outputs,
+targets)``, as ``fl_core.models.per_example_classification_loss`` does), the backward pass
+starts from the model's output with it, and a model whose output is its only layer's output
+(logistic regression) needs no backward pass at all. The per-example norms:
 
 - Linear: ||g_i||^2 = ||a_i||^2 ||d_i||^2 + ||d_i||^2 (weight and bias), a closed form, so a
   logistic regression costs about one plain step;
@@ -55,6 +59,7 @@ so a batch statistic is seen even when the client's examples coincide.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 
@@ -448,7 +453,7 @@ class PerExampleClipper:
         records.clear()
         self._capturing = True
         try:
-            losses = loss_fn(self.model(x), y)
+            out = self.model(x)
         finally:
             self._capturing = False
         if len(records) != len(self.layers) or {id(m) for m, _, _ in records} != {
@@ -456,18 +461,26 @@ class PerExampleClipper:
                 a is None or (isinstance(m, nn.Linear) and a.dim() != 2) for m, a, _ in records):
             return None
         records = list(records)
-        total = losses.sum()
-        grads_out = torch.autograd.grad(total, [out for _, _, out in records])
+        outs = [o for _, _, o in records]
+        closed = _closed_form(loss_fn, out, y)
+        if closed is None:  # autograd through the loss, to the layers' outputs
+            losses = loss_fn(out, y)
+            grads_out = torch.autograd.grad(losses.sum(), outs)
+        else:  # the loss's derivative in closed form, then autograd through the model only
+            losses, grad = closed
+            grads_out = (grad,) if len(outs) == 1 and outs[0] is out else torch.autograd.grad(
+                out, outs, grad_outputs=grad)
         squared, kept = None, []
         for (layer, a, _), d in zip(records, grads_out, strict=True):
             term, saved = layer_norms(layer, a, d)
             squared = term if squared is None else squared.add_(term)
             kept.append(saved)
-        bad = ~torch.isfinite(squared)
+        # a sum of squares is finite only if every term is (one float, not a mask, in the usual case)
+        bad = None if math.isfinite(float(squared.sum())) else ~torch.isfinite(squared)
         # min(1, C / ||g_i||) = 1 / sqrt(max(1, ||g_i||^2 / C^2)), 1 for a zero gradient; 0 for a
         # gradient that is not finite, whose example's factors are zeroed (0 * inf is NaN)
         scale = squared.mul_(1.0 / self.max_grad_norm ** 2).clamp_(min=1.0).rsqrt_()
-        if bool(bad.any()):
+        if bad is not None and bool(bad.any()):
             scale = scale.masked_fill(bad, 0.0)
             records = [(layer, _zero_rows(a, bad), out) for layer, a, out in records]
             grads_out = tuple(_zero_rows(d, bad) for d in grads_out)
@@ -638,7 +651,28 @@ def weighted_sum(scale: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def finite_sum(losses: torch.Tensor) -> float:
     """The summed loss over the examples whose loss is finite (the reported training loss)."""
     flat = losses.reshape(-1)
-    return float(flat[torch.isfinite(flat)].sum())
+    total = float(flat.sum())  # finite only if every loss is: then it is the sum asked for
+    return total if math.isfinite(total) else float(flat[torch.isfinite(flat)].sum())
+
+
+def _closed_form(loss_fn: LossFn, out: object, y: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(per-example losses, d sum(losses) / d out) from the loss's own closed form
+    (``loss_fn.value_and_grad``, e.g. ``fl_core.models.per_example_classification_loss``), or
+    None where the loss has none, the output is not one tensor, or the closed form refuses these
+    values (autograd through ``loss_fn`` then decides). The probe checks the result against
+    autograd through ``loss_fn`` itself; a wrong derivative there takes the model off this path."""
+    value_and_grad = getattr(loss_fn, "value_and_grad", None)
+    if value_and_grad is None or not isinstance(out, torch.Tensor):
+        return None
+    try:
+        losses, grad = value_and_grad(out.detach(), y)
+    except (IndexError, RuntimeError, TypeError, ValueError):
+        return None
+    if not (isinstance(grad, torch.Tensor) and grad.shape == out.shape and grad.dtype == out.dtype
+            and isinstance(losses, torch.Tensor) and losses.shape[:1] == out.shape[:1]):
+        return None
+    return losses, grad
 
 
 def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

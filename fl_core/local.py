@@ -14,7 +14,7 @@ import torch
 from fedsec.fl_core.client import LocalTrainer, batches
 from fedsec.fl_core.data import ArrayDataset
 from fedsec.fl_core.errors import InvalidParameterError
-from fedsec.fl_core.models import classification_loss
+from fedsec.fl_core.models import per_example_classification_loss
 from torch import nn
 
 PerExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -23,9 +23,9 @@ PerExampleLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OPTIMIZERS = ("sgd", "adam")
 
 
-def default_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The loss by task: logistic for one output unit, softmax cross-entropy for more; per example."""
-    return classification_loss(outputs, targets, reduction="none")
+default_loss = per_example_classification_loss
+"""The loss by task: logistic for one output unit, softmax cross-entropy for more; per example
+(``(outputs, targets) -> [batch]``), with its derivative in closed form for DP-SGD's fast path."""
 
 
 class TorchTrainer(LocalTrainer):

@@ -118,6 +118,34 @@ def classification_loss(logits: torch.Tensor, y: torch.Tensor, *, reduction: str
     return F.cross_entropy(logits, y, reduction=reduction)
 
 
+class PerExampleClassificationLoss:
+    """:func:`classification_loss` with ``reduction="none"`` (one loss per example), and its
+    derivative in closed form, which DP-SGD's fast path uses instead of a backward pass through
+    the loss (``value_and_grad``; the DP-SGD probe checks it against autograd)."""
+
+    def __call__(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return classification_loss(logits, y, reduction="none")
+
+    def value_and_grad(self, logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(losses [B], d sum(losses) / d logits [B, K]) without autograd: sigmoid(z) - y for one
+        logit, softmax(z) - onehot(y) for more, by the kernels torch's own backward runs
+        (``_log_softmax_backward_data``), so equal to autograd's to the bit. Raises where the
+        loss itself would (a label out of range), IndexError or RuntimeError."""
+        with torch.no_grad():
+            if logits.shape[1] == 1:
+                z, target = logits[:, 0], y.to(logits.dtype)
+                losses = F.binary_cross_entropy_with_logits(z, target, reduction="none")
+                return losses, torch.sigmoid(z).sub_(target).unsqueeze(1)
+            log_p = F.log_softmax(logits, dim=1)
+            losses = F.nll_loss(log_p, y, reduction="none")
+            nll_grad = torch.zeros_like(logits).scatter_(1, y.unsqueeze(1), -1.0)
+            return losses, torch._log_softmax_backward_data(nll_grad, log_p, 1, logits.dtype)
+
+
+per_example_classification_loss = PerExampleClassificationLoss()
+"""The classification loss per example, with its closed-form derivative (what DP-SGD trains on)."""
+
+
 def predict(logits: torch.Tensor) -> torch.Tensor:
     """Predicted class indices from logits (threshold 0 for one logit, else argmax)."""
     if logits.shape[1] == 1:
