@@ -48,7 +48,8 @@ from fedsec.network.ledger import EpsilonLedger
 AGGREGATIONS = ("none", "masking", "paillier")
 MODELS = ("logreg", "mlp", "cnn")
 RULES = ("aggregation.allowed", "aggregation.require_active", "aggregation.min_sites",
-         "aggregation.min_threshold", "aggregation.min_corrupt", "dp.required", "dp.reproducible", "dp.max_epsilon_run",
+         "aggregation.min_threshold", "aggregation.min_corrupt", "dp.required", "dp.reproducible",
+         "dp.max_epsilon_run",
          "dp.max_delta", "data.max_test_fraction", "models.allowed", "rounds.max",
          "dp.max_epsilon_lifetime", "dp.ledger")
 """Rule names in the order they are checked (the last one by the :class:`EpsilonLedger`)."""

@@ -20,7 +20,8 @@ def test_no_honest_share_is_a_config_error_naming_the_threshold(values, t, c):
     with pytest.raises(ConfigError) as caught:
         make_config(values)
     assert caught.value.key == "secure.threshold"
-    assert f"above the {c} tolerated colluders" in str(caught.value) and f"threshold is {t}" in str(caught.value)
+    message = str(caught.value)
+    assert f"above the {c} tolerated colluders" in message and f"threshold is {t}" in message
     # the same plan without client-level noise runs: only the noise rule needs t - c >= 1
     make_config({**values, "dp.mode": "dpsgd"})
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 LENGTH = 3
 Z = 1.0
-MASKED_INPUT = 2  # protocols.masked.simulation: a client dropping "at" stage 2 never gets the masked-input request
+MASKED_INPUT = 2  # protocols.masked.simulation: dropping "at" stage 2, a client never gets the masked input
 CORRUPT = (0.0, 0.2, 0.45)
 
 

@@ -41,7 +41,8 @@ ATTACKS = [(1, range(12, 20), (0, 1)),   # 8 withheld: the sum of 12 the sites' 
            (3, range(16, 20), (5, 15))]  # 4 withheld: a larger sum, colluders elsewhere
 
 
-def _round(ring: Ring, round_index: int, withheld: range, colluders: tuple[int, ...]) -> tuple[int, float, float]:
+def _round(ring: Ring, round_index: int, withheld: range,
+           colluders: tuple[int, ...]) -> tuple[int, float, float]:
     """Train every site for ``round_index``, run the project's coordinator over all N with the
     masked input withheld from ``withheld``; (contributions in the released sum, the honest share
     variance in it, mu), or

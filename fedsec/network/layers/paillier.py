@@ -59,9 +59,9 @@ from fedsec.network.pki import verify_peer
 from fedsec.network.transport import TransportError
 from fedsec.protocols.encoding import encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
-from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
@@ -460,7 +460,8 @@ class PaillierSite(SiteLayer):
                     raise ClientAbort(BAD_SETUP)
             colluders = site_colluders(context.config, roster=len(context.names), policy=context.policy)
             try:
-                shares = context.client_noise.shares(threshold, colluders, share_stream(context.config, offset))
+                shares = context.client_noise.shares(threshold, colluders,
+                                                     share_stream(context.config, offset))
             except NoHonestMargin:
                 raise ClientAbort(NO_MARGIN) from None
             self.encoding.add_noise(context, shares)

@@ -21,7 +21,7 @@ from fedsec.protocols.errors import ProtocolAbort
 from fedsec.config import make_config
 from fedsec.network.client_noise import noise_rule
 from fedsec.network.layers.masking import NO_MARGIN
-from tests.fedsec.network.test_client_level_layers import LENGTH, N, Z, Ring, _vectors, study  # noqa: F401
+from tests.fedsec.network.test_client_level_layers import LENGTH, N, Ring, Z, _vectors, study  # noqa: F401
 
 CORRUPT = 0.45
 
@@ -32,7 +32,7 @@ def _config():
                         "dp.max_grad_norm": 0.5, "secure.corrupt": CORRUPT})
 
 
-def test_every_ring_and_threshold_leaves_mu_of_honest_noise_or_nothing(study, monkeypatch):
+def test_every_ring_and_threshold_leaves_mu_of_honest_noise_or_nothing(study, monkeypatch):  # noqa: F811
     """Exhaustive over ring sizes 3..N, announced thresholds 1..degree, the colluders the
     coordinator provisions its word room for (the plan's c, or a lie of 0), and one silenced
     site at each stage or none."""
