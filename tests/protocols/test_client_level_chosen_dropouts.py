@@ -155,6 +155,7 @@ def test_exhaustive_masked_input_withheld_near_the_floor_and_from_every_subset()
     assert released >= 100 and sizes >= 10  # sums at the floor t + 1 were reached and released
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_a_searching_server_never_gets_a_sum_with_less_than_mu_of_honest_noise(data):
