@@ -778,6 +778,8 @@ def _check_privacy(config: ExperimentConfig) -> None:
         if secure.aggregation != "none" and secure.clip < dp.max_grad_norm:
             raise ConfigError("secure.clip", f"must be >= dp.max_grad_norm = {dp.max_grad_norm} "
                                              "(the coordinate range must hold a clipped update)")
+        if secure.aggregation != "none":
+            _check_honest_margin(secure, config.data.clients)
 
 
 def _require_defaults(secure: SecureConfig, keys: tuple[tuple[str, Any], ...], needs: str) -> None:
@@ -818,6 +820,36 @@ def _check_threshold(secure: SecureConfig, clients_per_round: int, population: i
                                               f"{mode} mode, secure.corrupt = {secure.corrupt} of "
                                               f"{population} clients: the "
                                               f"clients refuse less); got {secure.threshold}")
+
+
+def honest_margin(secure: SecureConfig, clients: int) -> tuple[int, int]:
+    """(t, c) of a client-level DP run of ``clients`` clients, all sampled each round: t the
+    fewest contributions a released sum holds (the masking rule's threshold, or the Paillier
+    decryption threshold), c the colluders the clients provision their noise shares for
+    (``tolerated_colluders`` of the simulation's protocol)."""
+    import numpy as np
+
+    from fedsec.protocols.masked import MaskedAggregation
+    from fedsec.protocols.masked.policy import population_corrupt
+    from fedsec.protocols.paillier.aggregation import default_threshold
+
+    if secure.aggregation == "paillier":  # PaillierAggregation's rule, without generating a key
+        return secure.threshold or default_threshold(clients), population_corrupt(clients, secure.corrupt)
+    protocol = MaskedAggregation(max_weight=1, rng=np.random.default_rng(0), graph=secure.graph,
+                                 threshold=secure.threshold, dropout=secure.dropout, active=secure.active,
+                                 tolerated_corrupt=secure.corrupt, population=clients)
+    return protocol.min_contributions(clients), protocol.tolerated_colluders(clients)
+
+
+def _check_honest_margin(secure: SecureConfig, clients: int) -> None:
+    """Client-level DP shares carry mu / (t - c): a run where t - c < 1 cannot promise any
+    released sum an honest share, and is refused before it starts."""
+    t, c = honest_margin(secure, clients)
+    if t - c < 1:
+        raise ConfigError("secure.threshold", f"client-level DP needs a threshold above the {c} tolerated "
+                                              f"colluders (secure.corrupt = {secure.corrupt} of {clients} "
+                                              f"clients), so that every released sum holds an honest "
+                                              f"noise share; the threshold is {t}")
 
 
 def training_samples(dataset: str, test_fraction: float) -> int:

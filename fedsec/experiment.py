@@ -314,7 +314,8 @@ def make_protocol(
         return PaillierAggregation(
             max_weight=max_weight, rng=rng, clip=clip, bits=bits,
             threshold=threshold or default_threshold(m), dropout=dropout,
-            key_bits=key_bits, custody=custody, parties=range(n_clients))
+            key_bits=key_bits, custody=custody, parties=range(n_clients), tolerated_corrupt=corrupt,
+            population=n_clients)
     return fl_core.PlainAggregation()
 
 

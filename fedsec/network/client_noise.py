@@ -1,8 +1,8 @@
 """Client-level DP in a deployment: the rule by which a site draws its share of the noise.
 
 A site clips its update to the plan's L2 bound S (``dp.max_grad_norm``), weights it 1, and adds
-to its encoded words a shifted Skellam share of variance mu / t before the secure layer masks
-them, where
+to its encoded words a shifted Skellam share of variance mu / (t - c) before the secure layer
+masks or encrypts them, where
 
 - mu = (z D2)^2 is the noise the plan's accountant charges for one round: z is the noise
   multiplier the coordinator calibrated, accepted only after the site recomputed its own epsilon
@@ -12,9 +12,18 @@ them, where
 - t is the threshold of the masked session the site takes part in: the site's own
   :class:`~fedsec.protocols.masked.MaskedClient` refuses a t below its floor (its policy's
   ``min_threshold``, the plan's, the corrupt-fraction floor) and never helps unmask a sum of
-  fewer than t inputs, so every sum the coordinator can release holds at least t shares of
-  variance mu / t: at least mu, whatever t, ring or noise multiplier the coordinator claims. A
-  larger t buys the coordinator smaller shares only at the price of a larger sum.
+  fewer than t inputs; or the Paillier key's signed decryption threshold;
+- c is the number of sites that may collude with the coordinator under the threat model the
+  site itself enforces (:func:`site_colluders`): the corrupt fraction is the larger of the
+  plan's ``secure.corrupt`` (the site's own copy) and its policy's ``aggregation.min_corrupt``,
+  taken of the roster it knows; for masking capped at ring size - 1 as the masking layer's
+  corrupt count is (the site itself is honest), for Paillier not capped (a site does not know
+  how many submissions the coordinator expects).
+
+Every sum the coordinator can release holds at least t contributions, at most c of them its
+colluders' (who know or omit their shares), so at least t - c honest shares of mu / (t - c): at
+least mu, whatever t, ring, noise multiplier or dropouts the coordinator chooses. A larger t
+buys smaller shares only at the price of a larger sum; t - c < 1 is refused before any draw.
 
 This is the simulation's rule (:class:`~fedsec.protocols.privacy.ClientLevelDP`: the threshold
 of the round actually run), so with ``dp.reproducible`` the deployed history is ``fedsec run``'s:
@@ -26,10 +35,12 @@ reproducible noise protects nobody who knows the seed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedsec.config import ExperimentConfig
 from fedsec.dp import SecureRandom
-from fedsec.protocols.privacy.client_level import SkellamShares, sensitivity
+from fedsec.protocols.masked.policy import corrupt_count, population_corrupt
+from fedsec.protocols.privacy.client_level import SkellamShares, sensitivity, share_variance
 
 STREAM = "client"
 """The purpose of the seeded noise stream under ``dp.reproducible`` (the simulation's)."""
@@ -38,7 +49,7 @@ STREAM = "client"
 @dataclass(frozen=True)
 class ClientNoise:
     """One aggregation's noise rule: ``noise_multiplier`` z and the L2 sensitivity ``l2`` (encoder
-    units) of one clipped update; the total variance mu = (z l2)^2 is split over t shares."""
+    units) of one clipped update; the total variance mu = (z l2)^2 is split over t - c shares."""
 
     noise_multiplier: float
     l2: float
@@ -47,11 +58,34 @@ class ClientNoise:
     def total_variance(self) -> float:
         return (self.noise_multiplier * self.l2) ** 2
 
-    def shares(self, threshold: int, random: SecureRandom) -> SkellamShares:
-        """One site's share for a session of threshold t >= 1: variance mu / t."""
+    def shares(self, threshold: int, colluders: int, random: SecureRandom) -> SkellamShares:
+        """One site's share for a session of threshold t >= 1 against c >= 0 colluders: variance
+        mu / (t - c); :class:`~fedsec.protocols.privacy.client_level.NoHonestMargin` (a
+        ``ProtocolAbort``) when t - c < 1."""
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
             raise ValueError(f"threshold must be an integer >= 1, got {threshold!r}")
-        return SkellamShares(self.total_variance / threshold, random)
+        if isinstance(colluders, bool) or not isinstance(colluders, int) or colluders < 0:
+            raise ValueError(f"colluders must be an integer >= 0, got {colluders!r}")
+        return SkellamShares(share_variance(self.total_variance, threshold=threshold, colluders=colluders),
+                             random)
+
+
+def site_corrupt(config: ExperimentConfig, policy: Any = None) -> float:
+    """The corrupt fraction a site assumes: the plan's ``secure.corrupt`` or, when larger, its
+    policy's ``aggregation.min_corrupt`` (a plan below it was refused at join)."""
+    floor = getattr(policy, "min_corrupt", 0.0) if policy is not None else 0.0
+    return max(float(config.secure.corrupt), float(floor))
+
+
+def site_colluders(config: ExperimentConfig, *, roster: int, policy: Any = None,
+                   ring: int | None = None) -> int:
+    """c for this site's noise share: floor(corrupt x ``roster``) with the fraction of
+    :func:`site_corrupt`; for a masked ``ring`` of that many members, capped at ring - 1
+    (:func:`~fedsec.protocols.masked.policy.corrupt_count`, the masking layer's count)."""
+    corrupt = site_corrupt(config, policy)
+    if ring is None:
+        return population_corrupt(roster, corrupt)
+    return corrupt_count(ring, corrupt, population=max(roster, ring))
 
 
 def noise_rule(config: ExperimentConfig, noise_multiplier: float, length: int) -> ClientNoise:

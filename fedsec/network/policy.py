@@ -11,6 +11,7 @@ Example::
     [aggregation]
     allowed = ["masking", "paillier"]   # secure layers accepted ("none" = plain updates)
     min_threshold = 3                   # smallest reconstruction / decryption threshold
+    min_corrupt = 0.1                   # smallest colluding fraction the plan must assume
     min_sites = 4                       # smallest number of sites per round
     require_active = true               # masking must run authenticated (against a lying server)
 
@@ -47,7 +48,8 @@ from fedsec.network.ledger import EpsilonLedger
 AGGREGATIONS = ("none", "masking", "paillier")
 MODELS = ("logreg", "mlp", "cnn")
 RULES = ("aggregation.allowed", "aggregation.require_active", "aggregation.min_sites",
-         "aggregation.min_threshold", "dp.required", "dp.reproducible", "dp.max_epsilon_run",
+         "aggregation.min_threshold", "aggregation.min_corrupt", "dp.required", "dp.reproducible",
+         "dp.max_epsilon_run",
          "dp.max_delta", "data.max_test_fraction", "models.allowed", "rounds.max",
          "dp.max_epsilon_lifetime", "dp.ledger")
 """Rule names in the order they are checked (the last one by the :class:`EpsilonLedger`)."""
@@ -61,6 +63,11 @@ class SitePolicy:
         aggregation_allowed: secure layers accepted, a subset of ``none, masking, paillier``
             (default: masking and Paillier only).
         min_threshold: smallest threshold the secure layer may use, >= 2 (default 2).
+        min_corrupt: smallest fraction of the roster the plan's secure layer must assume may
+            collude with the coordinator (``secure.corrupt``), in [0, 1) (default 0.1, the
+            plan's default). The site derives from the larger of the two its masking threshold
+            floor and quorum and the c its client-level noise shares are provisioned for
+            (mu / (t - c)), at every aggregation.
         min_sites: smallest number of sites per round, >= 2 (default 3).
         require_active: masking must run in authenticated mode (default true).
         dp_required: a plan without DP is refused (default true).
@@ -81,6 +88,7 @@ class SitePolicy:
 
     aggregation_allowed: tuple[str, ...] = ("masking", "paillier")
     min_threshold: int = 2
+    min_corrupt: float = 0.1
     min_sites: int = 3
     require_active: bool = True
     dp_required: bool = True
@@ -107,6 +115,9 @@ class SitePolicy:
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or value <= 0:
                 raise ValueError(f"{key}: must be a finite number > 0")
+        if isinstance(self.min_corrupt, bool) or not isinstance(self.min_corrupt, int | float) \
+                or not 0 <= self.min_corrupt < 1:
+            raise ValueError("aggregation.min_corrupt: must be a number in [0, 1)")
         for key, value in (("dp.max_delta", self.max_delta),
                            ("data.max_test_fraction", self.max_test_fraction)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
@@ -126,6 +137,7 @@ def _int_at_least(key: str, value: Any, low: int) -> None:
 
 
 _KEYS = {"aggregation.allowed": "aggregation_allowed", "aggregation.min_threshold": "min_threshold",
+         "aggregation.min_corrupt": "min_corrupt",
          "aggregation.min_sites": "min_sites", "aggregation.require_active": "require_active",
          "dp.required": "dp_required", "dp.max_epsilon_run": "max_epsilon_run",
          "dp.max_epsilon_lifetime": "max_epsilon_lifetime", "models.allowed": "models_allowed",
@@ -167,6 +179,7 @@ class PlanFacts:
         active: masking in authenticated mode.
         sites_per_round: the fewest sites a round may run with.
         threshold: the secure layer's threshold (0 for ``none``).
+        corrupt: the plan's ``secure.corrupt`` (the colluding fraction its secure layer assumes).
         dp: DP noise is added (example- or client-level).
         reproducible: DP noise drawn from the seed (not private against whoever knows it).
         epsilon: the run's epsilon budget (``inf`` when DP is on with no budget, 0 without DP).
@@ -189,6 +202,7 @@ class PlanFacts:
     rounds: int
     delta: float = 0.0
     test_fraction: float = 0.0
+    corrupt: float = 0.1
     unit: str = "example"
 
 
@@ -227,6 +241,7 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
                      sites_per_round=sites, threshold=threshold, dp=uses_dp, reproducible=dp.reproducible,
                      epsilon=epsilon, model=config.model.name, rounds=config.rounds,
                      delta=dp.delta if uses_dp else 0.0, test_fraction=config.data.test_fraction,
+                     corrupt=secure.corrupt,
                      unit="client" if dp.mode == "client" else "example")
 
 
@@ -248,6 +263,10 @@ def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
     if facts.aggregation != "none" and facts.threshold < policy.min_threshold:
         raise PolicyRefused("aggregation.min_threshold", f"the plan's threshold is {facts.threshold}; "
                                                          f"this site needs >= {policy.min_threshold}")
+    if facts.aggregation != "none" and facts.corrupt < policy.min_corrupt:
+        raise PolicyRefused("aggregation.min_corrupt", f"the plan assumes a colluding fraction of "
+                                                       f"{facts.corrupt:g} (secure.corrupt); this site "
+                                                       f"needs >= {policy.min_corrupt:g}")
     if policy.dp_required and not facts.dp:
         raise PolicyRefused("dp.required", "the plan adds no differential-privacy noise")
     if policy.dp_required and facts.reproducible:

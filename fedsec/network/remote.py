@@ -113,6 +113,9 @@ class RemoteRound(AggregationProtocol):
     def min_contributions(self, n: int) -> int:
         return self.layer.min_contributions(n)
 
+    def tolerated_colluders(self, n: int) -> int:
+        return self.layer.tolerated_colluders(n)
+
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         self.hub.round = round_index

@@ -27,8 +27,8 @@ any other error of a job (``ValueError``, ``ArithmeticError``, ``RuntimeError``)
 refusal, never the end of the process. Each pending
 contribution (update, evaluation sums, feature moments) goes into at most one aggregation: the
 first layer setup naming it consumes it in ``site.db`` (see :mod:`fedsec.network.site_work`), and
-the layer is given the site's policy, whose ``min_sites``/``min_threshold`` it enforces at every
-aggregation. SIGTERM ends
+the layer is given the site's policy, whose ``min_sites``/``min_threshold``/``min_corrupt`` it
+enforces at every aggregation. SIGTERM ends
 the process with exit 0 and Ctrl-C with 130, each after a ``disconnect`` event.
 """
 

@@ -40,7 +40,7 @@ from fedsec.protocols.encoding import (
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked.client import ClientPolicy
 from fedsec.protocols.masked.graph import choose_parameters
-from fedsec.protocols.masked.policy import minimum_threshold
+from fedsec.protocols.masked.policy import corrupt_count, minimum_threshold
 from fedsec.protocols.masked.simulation import (
     DROP_STAGES,
     ClientExecutor,
@@ -122,6 +122,11 @@ class MaskedAggregation(AggregationProtocol):
     def min_contributions(self, n: int) -> int:
         """The fewest inputs a released sum over n sampled clients can hold (the threshold)."""
         return self.parameters(n)[1]
+
+    def tolerated_colluders(self, n: int) -> int:
+        """c: the clients of a round of n that may collude with the server, the count the clients'
+        threshold floor is derived for (:func:`protocols.masked.policy.corrupt_count`)."""
+        return corrupt_count(n, self.tolerated_corrupt, population=self.population_for(n))
 
     def parameters(self, n: int) -> tuple[int, int]:
         """(degree, threshold) this protocol uses for n clients; ProtocolAbort below 3 clients

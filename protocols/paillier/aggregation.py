@@ -25,6 +25,7 @@ from fedsec.protocols.encoding import (
     validate_updates,
 )
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier.client import PaillierClient
 from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
 from fedsec.protocols.paillier.dealer import ThresholdDealer
@@ -60,6 +61,10 @@ class PaillierAggregation(AggregationProtocol):
         custody: ``key_holder`` (one party apart from the server holds the key) or ``threshold``
             (the key is split t-of-N among ``parties``).
         parties: every client id of the federation (threshold custody).
+        tolerated_corrupt: fraction in [0, 1) of the population that may collude with the server;
+            only client-level DP uses it (:meth:`tolerated_colluders`).
+        population: the enrolled clients (the federation size), >= 1; None: the parties under
+            threshold custody, else the valid clients of each call.
     """
 
     name = "paillier"
@@ -67,8 +72,15 @@ class PaillierAggregation(AggregationProtocol):
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0,
                  bits: int = 16, threshold: int = 2, dropout: float = 0.0, key_bits: int = 2048,
                  custody: str = "key_holder", parties: Iterable[int] | None = None,
-                 allow_insecure_key: bool = False) -> None:
+                 allow_insecure_key: bool = False, tolerated_corrupt: float = 0.1,
+                 population: int | None = None) -> None:
         check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
+        if isinstance(tolerated_corrupt, bool) or not 0 <= tolerated_corrupt < 1:
+            raise InvalidParameterError(f"tolerated_corrupt must be in [0, 1), got {tolerated_corrupt}")
+        if population is not None and (isinstance(population, bool) or not isinstance(population, int)
+                                       or population < 1):
+            raise InvalidParameterError(f"population must be None or an integer >= 1, got {population!r}")
+        self.tolerated_corrupt, self.population = float(tolerated_corrupt), population
         if threshold < 2:
             raise InvalidParameterError(f"threshold must be >= 2, got {threshold}")
         if custody not in CUSTODIES:
@@ -86,6 +98,7 @@ class PaillierAggregation(AggregationProtocol):
             announcer = self.key_holder
         else:
             members = list(parties or ())
+            self.population = population or len(members)
             if not 2 <= threshold <= len(members):
                 raise InvalidParameterError(f"threshold custody needs 2 <= threshold <= "
                                             f"{len(members)} parties, got {threshold}")
@@ -107,6 +120,14 @@ class PaillierAggregation(AggregationProtocol):
     def min_contributions(self, n: int) -> int:
         """The fewest inputs a decrypted sum can hold (the threshold)."""
         return self.threshold
+
+    def tolerated_colluders(self, n: int) -> int:
+        """c = floor(tolerated_corrupt x population): the clients that may collude with the server
+        (the whole federation's, whoever is sampled; n, the round's valid clients, stands for the
+        population when none was given). Under threshold custody c >= t would let the colluders
+        decrypt any one ciphertext the server hands them, so t > c is needed there anyway; under
+        key-holder custody the key holder is not among them."""
+        return population_corrupt(self.population or n, self.tolerated_corrupt)
 
     def _client(self, client_id: int, transport: Transport) -> PaillierClient:
         """The client object of ``client_id``, set up (enrolled, key share, registered) on first use."""

@@ -9,12 +9,16 @@ anyway), and the average divides by the number of contributions, which is public
   from :class:`dp.SecureRandom`; each round is a Gaussian mechanism with noise multiplier z.
 - Distributed (masking or Paillier): the server must never see a clean sum, so each client adds
   integer noise to its encoded words before masking or encryption: a symmetric Skellam share of
-  variance mu / t, where t is the fewest contributions the protocol releases for the updates it
-  ACCEPTS (its threshold for that many): updates the protocol would reject are set aside first,
+  variance mu / (t - c), where t is the fewest contributions the protocol releases for the
+  updates it ACCEPTS (its threshold for that many) and c the colluding clients its threat model
+  tolerates (``tolerated_colluders``: the corrupt count of the masking layer, the corrupt
+  fraction of the parties for Paillier). Updates the protocol would reject are set aside first,
   so t is the threshold of the round actually run, and dropouts after that leave at least t in
-  any released sum. Every released sum thus carries Skellam noise of variance >= mu (sums of
-  independent Skellams are Skellam); a result holding fewer than t contributions is refused
-  (``ProtocolAbort``), never released, so the bound holds by construction. In the encoder's
+  any released sum, at least t - c of them honest. The server together with c colluders, who
+  know (or omit) their own shares, thus still faces Skellam noise of variance >= mu in every
+  released sum (sums of independent Skellams are Skellam), whichever clients it makes drop out;
+  a result holding fewer than t contributions is refused (``ProtocolAbort``), never released,
+  and t - c < 1 is refused before anything is drawn (:func:`share_variance`). In the encoder's
   integer units (coordinate clip c >= S, L = 2^bits - 1 levels) one client moves the sum by at
   most D2 = (L / 2)(S / c) + sqrt(d) in L2 (the scaled update plus at most one unit of
   stochastic rounding per coordinate) and D1 = min(sqrt(d) D2, D2^2) in L1, and mu = (z D2)^2;
@@ -64,6 +68,28 @@ class SkellamShares:
         return shifted
 
 
+def share_variance(total_variance: float, *, threshold: int, colluders: int) -> float:
+    """One honest client's share: ``total_variance`` mu / (t - c), so that the t - c honest shares
+    any released sum of >= t contributions holds add up to >= mu even when c of the t are the
+    adversary's. Raises :class:`NoHonestMargin` (a ``ProtocolAbort``) when t - c < 1: no sum the
+    protocol may release is sure to hold an honest share."""
+    for name, value, low in (("threshold", threshold, 1), ("colluders", colluders, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}")
+    if threshold - colluders < 1:
+        raise NoHonestMargin(threshold, colluders)
+    return total_variance / (threshold - colluders)
+
+
+class NoHonestMargin(ProtocolAbort):
+    """t - c < 1: a released sum of t contributions may hold no honest noise share."""
+
+    def __init__(self, threshold: int, colluders: int) -> None:
+        super().__init__(f"threshold {threshold} leaves no honest noise share against {colluders} "
+                         f"tolerated colluders (client-level DP needs threshold - colluders >= 1)")
+        self.threshold, self.colluders = threshold, colluders
+
+
 def sensitivity(bits: int, length: int, clip_ratio: float = 1.0) -> tuple[float, float]:
     """(L1, L2) sensitivity in encoder units of one client's update of ``length`` values clipped
     to L2 norm S, for an encoder of ``bits`` with coordinate clip c = S / ``clip_ratio`` >= S: the
@@ -87,7 +113,8 @@ class ClientLevelDP(AggregationProtocol):
 
     Args:
         inner: the protocol that sums: ``PlainAggregation`` (central noise) or one with a
-            ``client_noise`` hook and ``min_contributions`` (masking, Paillier: distributed noise).
+            ``client_noise`` hook, ``min_contributions`` and ``tolerated_colluders`` (masking,
+            Paillier: distributed noise).
         clip_norm: S > 0; the inner protocol's coordinate clip must be at least S.
         noise_multiplier: z >= 0.5 (noise std / sensitivity; ``dp.noise.MIN_NOISE_MULTIPLIER``).
         random: the noise source.
@@ -110,7 +137,8 @@ class ClientLevelDP(AggregationProtocol):
         self.random = random
         self.central = isinstance(inner, PlainAggregation)
         if not self.central:
-            if not all(hasattr(inner, a) for a in ("client_noise", "min_contributions", "max_weight")):
+            if not all(hasattr(inner, a) for a in ("client_noise", "min_contributions", "tolerated_colluders",
+                                                   "max_weight")):
                 raise InvalidParameterError(f"{type(inner).__name__} cannot carry client noise")
             if getattr(inner, "clip", clip_norm) < clip_norm:
                 raise InvalidParameterError("the protocol's coordinate clip is below the L2 clip")
@@ -141,7 +169,9 @@ class ClientLevelDP(AggregationProtocol):
         _, l2 = self._sensitivity(int(accepted[0].vector.size))
         total_variance = (self.noise_multiplier * l2) ** 2
         fewest = self.inner.min_contributions(len(accepted))
-        self.inner.client_noise = SkellamShares(total_variance / fewest, self.random)
+        variance = share_variance(total_variance, threshold=fewest,
+                                  colluders=self.inner.tolerated_colluders(len(accepted)))
+        self.inner.client_noise = SkellamShares(variance, self.random)
         try:
             result = self.inner.aggregate(round_index, accepted)
         finally:

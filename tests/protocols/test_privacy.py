@@ -132,9 +132,10 @@ def test_client_level_noise_counts_accepted_updates_not_submitted_ones():
         assert len(result.participants) >= inner.min_contributions(8)
         noise = result.weighted_sum - _clipped_sum(updates, result.participants, 1.0)
         ratio = noise.std() / target_std
-        # each survivor's share is 1/t of the target variance, t the threshold for 8 accepted
-        assert ratio == pytest.approx(math.sqrt(len(result.participants) / inner.min_contributions(8)),
-                                      rel=0.06)
+        # each survivor's share is 1/(t - c) of the target variance, t the threshold for 8 accepted
+        # and c the colluders tolerated among them (0 here: floor(0.1 x 8))
+        honest_floor = inner.min_contributions(8) - inner.tolerated_colluders(8)
+        assert ratio == pytest.approx(math.sqrt(len(result.participants) / honest_floor), rel=0.06)
         ratios.append(ratio)
     assert released >= 3 and min(ratios) > 0.95
 

@@ -17,9 +17,13 @@ bytes. What the deployment adds:
   plan gives the simulation's sums. Only under ``dp.reproducible`` does a site use the seed it is
   sent; otherwise it rounds with its own OS-seeded generator and the ring is shuffled by the OS
   CSPRNG.
-- client-level DP (``dp.mode = "client"``): a site adds a Skellam share of variance mu / t to
-  its update's words, t being the session's threshold its own client checks and enforces
+- client-level DP (``dp.mode = "client"``): a site adds a Skellam share of variance
+  mu / (t - c) to its update's words, t being the session's threshold its own client checks and
+  enforces and c the corrupt count of the ring under its own corrupt fraction and roster
   (:mod:`fedsec.network.client_noise`); the coordinator widens the words and subtracts the shifts.
+- the corrupt fraction a site assumes is the larger of the plan's ``secure.corrupt`` and its
+  policy's ``aggregation.min_corrupt`` (:func:`~fedsec.network.client_noise.site_corrupt`), for
+  its threshold floor and quorum as for its noise share.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 
 from fedsec.dp import SecureRandom
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
-from fedsec.network.client_noise import ClientNoise, share_stream
+from fedsec.network.client_noise import ClientNoise, share_stream, site_colluders, site_corrupt
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
     CoordinatorContext,
@@ -49,7 +53,7 @@ from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
 from fedsec.protocols.masked.graph import shuffled_ring
 from fedsec.protocols.masked.messages import SESSION_BYTES, SessionParams, decode
-from fedsec.protocols.privacy.client_level import SkellamShares
+from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.secagg.errors import SecAggError
 
 BAD_SETUP = "the aggregation's setup is malformed"
@@ -57,6 +61,7 @@ BAD_CERTIFICATE = "a relayed certificate does not verify for its roster name"
 NOT_OURS = "the ring's entry for this site does not carry its own identity key"
 NO_NOISE = "client-level DP without a noise share this site checked"
 NARROW_WORDS = "the session's words leave no room for this site's noise share"
+NO_MARGIN = "the session's threshold leaves no honest noise share against the tolerated colluders"
 PURPOSES = ("update", "statistics")
 
 
@@ -92,6 +97,9 @@ class MaskingCoordinator(CoordinatorLayer):
     def min_contributions(self, n: int) -> int:
         return self.rules.min_contributions(n)
 
+    def tolerated_colluders(self, n: int) -> int:
+        return self.rules.tolerated_colluders(n)
+
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         ctx, s = self.context, self.context.config.secure
@@ -104,7 +112,7 @@ class MaskingCoordinator(CoordinatorLayer):
         noise = None
         if purpose == "update" and self.client_noise is not None:
             rule, stream = self.client_noise
-            noise = rule.shares(threshold, stream)
+            noise = rule.shares(threshold, self.rules.tolerated_colluders(n), stream)
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=ctx.max_weight, clip=s.clip,
                               bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
@@ -211,7 +219,8 @@ class MaskingSite(SiteLayer):
             rng = np.random.default_rng()
         update = purpose == "update"
         min_ring, min_threshold = round_floor(context)
-        policy = ClientPolicy(require_active=s.active, corrupt=s.corrupt, population=len(context.names),
+        policy = ClientPolicy(require_active=s.active, corrupt=site_corrupt(config, context.policy),
+                              population=len(context.names),
                               clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None,
                               min_ring=min_ring, min_threshold=min_threshold)
         self.noise: tuple[ClientNoise, SecureRandom] | None = None
@@ -252,17 +261,25 @@ class MaskingSite(SiteLayer):
 
     def _share_for(self, message: bytes) -> None:
         """The share for the session's threshold t (which this site's client checks against its
-        floor before it draws, and enforces at unmasking): variance mu / t. A message that is not
-        the session's parameters is left to the client, which refuses it."""
+        floor before it draws, and enforces at unmasking) and the ring's corrupt count c under this
+        site's own corrupt fraction and roster: variance mu / (t - c); t - c < 1 is refused
+        (``NO_MARGIN``). A message that is not the session's parameters is left to the client,
+        which refuses it."""
         try:
             _, params = decode(message, expect=SessionParams)
         except MalformedMessage:
             return
-        if params.threshold < 1:  # refused by the client before it draws
+        if params.threshold < 1 or len(params.ring) < 2:  # refused by the client before it draws
             return
         assert self.noise is not None
         rule, stream = self.noise
-        self.shares = rule.shares(params.threshold, stream)
+        ctx = self.context
+        colluders = site_colluders(ctx.config, roster=len(ctx.names), policy=ctx.policy,
+                                   ring=len(params.ring))
+        try:
+            self.shares = rule.shares(params.threshold, colluders, stream)
+        except NoHonestMargin:
+            raise ClientAbort(NO_MARGIN) from None
         if params.word_slack < self.shares.slack:
             raise ClientAbort(NARROW_WORDS)
 

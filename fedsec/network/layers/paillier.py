@@ -43,7 +43,7 @@ import numpy as np
 from fedsec.dp import SecureRandom
 from fedsec.fl_core import clients_per_round
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
-from fedsec.network.client_noise import ClientNoise, share_stream
+from fedsec.network.client_noise import ClientNoise, share_stream, site_colluders
 from fedsec.network.errors import MalformedFrame, PeerRejected
 from fedsec.network.keyholder import raw_identity
 from fedsec.network.layers.base import (
@@ -59,9 +59,10 @@ from fedsec.network.pki import verify_peer
 from fedsec.network.transport import TransportError
 from fedsec.protocols.encoding import encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
+from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
-from fedsec.protocols.privacy.client_level import SkellamShares
+from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
 from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
@@ -72,6 +73,7 @@ BAD_ANNOUNCER = "the announcer's certificate does not verify for the plan's key 
 LOW_THRESHOLD = "the key's decryption threshold is below this site's policy or plan"
 BAD_SPEC = "the round spec does not match this site's own encoder"
 NO_NOISE = "client-level DP without a noise share this site checked"
+NO_MARGIN = "the key's decryption threshold leaves no honest noise share against the tolerated colluders"
 PURPOSES = ("update", "statistics")
 
 
@@ -197,7 +199,14 @@ class PaillierCoordinator(CoordinatorLayer):
         self.client_noise: tuple[ClientNoise, SecureRandom] | None = None
         """Client-level DP, set for one update by :class:`~fedsec.network.remote.RemoteRound` (see
         :class:`~fedsec.network.layers.masking.MaskingCoordinator`): the sites draw shares of
-        variance mu / t for the key's decryption threshold t."""
+        variance mu / (t - c) for the key's decryption threshold t and c = :attr:`colluders`."""
+        self.colluders = population_corrupt(len(context.names), context.config.secure.corrupt)
+        """c = floor(``secure.corrupt`` x roster size): the sites that may collude with the
+        coordinator, for whom the client-level shares are provisioned (the simulation's
+        ``PaillierAggregation.tolerated_colluders``; a site computes the same from its own plan)."""
+
+    def tolerated_colluders(self, n: int) -> int:
+        return self.colluders
 
     def min_contributions(self, n: int) -> int:
         return self.threshold
@@ -213,7 +222,11 @@ class PaillierCoordinator(CoordinatorLayer):
         noise = None
         if purpose == "update" and self.client_noise is not None:
             rule, stream = self.client_noise
-            noise = rule.shares(self.threshold, stream)
+            try:
+                noise = rule.shares(self.threshold, self.colluders, stream)
+            except ProtocolAbort:
+                self.last_dropped = {c: "aborted" for c in ids}
+                raise
         encoder = encoder_for(purpose, clients=len(ids), length=length, max_weight=ctx.max_weight,
                               clip=s.clip, bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
@@ -434,8 +447,9 @@ class PaillierSite(SiteLayer):
         if threshold < round_floor(context)[1]:
             raise ClientAbort(LOW_THRESHOLD)
         if self.encoding.purpose == "update" and context.config.dp.mode == "client":
-            # client level: a share of variance mu / t for that threshold t, so every decrypted sum
-            # (>= t submissions) carries at least mu, whatever the coordinator claims
+            # client level: a share of variance mu / (t - c) for that threshold t and the c sites
+            # this site's own corrupt fraction tolerates of its roster, so every decrypted sum
+            # (>= t submissions, <= c of them colluders') carries at least mu of honest noise
             if context.client_noise is None:
                 raise ClientAbort(NO_NOISE)
             offset = None
@@ -444,8 +458,13 @@ class PaillierSite(SiteLayer):
                 offset = offsets.get(str(context.client_id)) if isinstance(offsets, dict) else None
                 if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                     raise ClientAbort(BAD_SETUP)
-            self.encoding.add_noise(context, context.client_noise.shares(
-                threshold, share_stream(context.config, offset)))
+            colluders = site_colluders(context.config, roster=len(context.names), policy=context.policy)
+            try:
+                shares = context.client_noise.shares(threshold, colluders,
+                                                     share_stream(context.config, offset))
+            except NoHonestMargin:
+                raise ClientAbort(NO_MARGIN) from None
+            self.encoding.add_noise(context, shares)
 
     def answer(self, stage: str, message: bytes) -> bytes | None:
         return self.impl.handle(stage, message)

@@ -1,8 +1,10 @@
 """Client-level DP over the deployed Paillier layer, both custodies, in one process (a real key
 holder behind mTLS for ``key_holder``; a dealt key for ``threshold``): with ``dp.reproducible`` the
 deployed sums equal the simulation's (:class:`ClientLevelDP` around :class:`PaillierAggregation`),
-every site's share has variance mu / t for the key's threshold t, and a coordinator that
-announces another number of contributions cannot change a site's share."""
+every site's share has variance mu / (t - c) for the key's threshold t and the c =
+floor(0.1 x 4) = 0 sites that may collude, a coordinator that announces another number of
+contributions cannot change a site's share, and a site whose own corrupt fraction leaves the key's
+threshold no honest share (t - c < 1) refuses before it draws."""
 
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ def _run(study, config, custody, tmp_path):
         assert deployed.participants == simulated.participants
         assert stream.state_dict() == sim.random.state_dict()
         for c in range(4):
-            assert side.layers[c].encoding.noise.variance == rule.total_variance / THRESHOLD
+            assert side.layers[c].encoding.noise.variance == rule.total_variance / (THRESHOLD - 0)
     clean = np.sum(list(side.vectors.values()), axis=0)
     assert np.abs(deployed.weighted_sum - clean).max() > 1e-3  # the noise is there
 
@@ -141,3 +143,25 @@ def test_a_coordinator_announcing_fewer_contributions_cannot_shrink_a_share(stud
     built = [site for site in side.layers.values() if isinstance(site, layer.PaillierSite)]
     assert built
     assert all(site.encoding.noise.variance == rule.total_variance / THRESHOLD for site in built)
+
+
+def test_a_site_whose_colluders_reach_the_keys_threshold_refuses_before_drawing(study, request, tmp_path):
+    """The site's policy assumes 3 of the 4 sites may collude (``aggregation.min_corrupt`` 0.75),
+    so the key's threshold t = 3 leaves no honest share: every site refuses (``NO_MARGIN``) and
+    nothing is decrypted."""
+    from fedsec.network.policy import SitePolicy
+
+    address, _ = request.getfixturevalue("keyholder")
+    config = _plan("key_holder", address)
+    side = Sites(study, config, NAMES, {c: np.full(LENGTH, 0.05, np.float32) for c in range(4)},
+                 {c: 1 for c in range(4)}, tmp_path / "sites")
+    rule = noise_rule(config, Z, LENGTH)
+    for context in side.contexts.values():
+        context.client_noise, context.policy = rule, SitePolicy(min_corrupt=0.75)
+    coordinator = LAYERS["paillier"][0](coordinator_context(study, config, side, 5))
+    coordinator.client_noise = (rule, SecureRandom())
+    with pytest.raises(ProtocolAbort):
+        coordinator.aggregate(1, [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1) for c in range(4)])
+    assert side.aborts and set(side.aborts.values()) == {layer.NO_MARGIN}
+    assert all(getattr(side.layers.get(c), "encoding", None) is None
+               or side.layers[c].encoding.noise is None for c in range(4))

@@ -42,6 +42,8 @@ def test_site_toml_parsed_and_unknown_or_bad_keys_named(tmp_path):
                       ("rounds = 3\n", "rounds"),
                       ('[aggregation]\nallowed = ["plain"]\n', "aggregation.allowed"),
                       ("[aggregation]\nmin_sites = 1\n", "aggregation.min_sites"),
+                      ("[aggregation]\nmin_corrupt = 1.0\n", "aggregation.min_corrupt"),
+                      ('[aggregation]\nmin_corrupt = "a"\n', "aggregation.min_corrupt"),
                       ('[dp]\nrequired = "yes"\n', "dp.required"),
                       ("[dp]\nmax_epsilon_run = nan\n", "dp.max_epsilon_run"),
                       ("[dp]\nmax_epsilon_run = 5\nmax_epsilon_lifetime = 4\n", "dp.max_epsilon_lifetime"),
@@ -60,6 +62,7 @@ def test_site_toml_parsed_and_unknown_or_bad_keys_named(tmp_path):
     ({"active": False}, "aggregation.require_active"),
     ({"sites_per_round": 3}, "aggregation.min_sites"),
     ({"threshold": 2}, "aggregation.min_threshold"),
+    ({"corrupt": 0.05}, "aggregation.min_corrupt"),
     ({"dp": False, "epsilon": 0.0}, "dp.required"),
     ({"reproducible": True}, "dp.reproducible"),
     ({"epsilon": 2.5}, "dp.max_epsilon_run"),
@@ -84,6 +87,7 @@ def _oracle(policy: SitePolicy, f: PlanFacts) -> str | None:
         "aggregation.require_active": policy.require_active and not f.active,
         "aggregation.min_sites": f.sites_per_round < policy.min_sites,
         "aggregation.min_threshold": f.aggregation != "none" and f.threshold < policy.min_threshold,
+        "aggregation.min_corrupt": f.aggregation != "none" and f.corrupt < policy.min_corrupt,
         "dp.required": policy.dp_required and not f.dp,
         "dp.reproducible": policy.dp_required and f.reproducible,
         "dp.max_epsilon_run": f.epsilon > policy.max_epsilon_run,
@@ -100,7 +104,7 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
 
 @settings(max_examples=150, deadline=None)
 @given(policy=st.builds(SitePolicy, aggregation_allowed=subsets(AGGREGATIONS),
-                        min_threshold=st.integers(2, 6),
+                        min_threshold=st.integers(2, 6), min_corrupt=st.sampled_from([0.0, 0.1, 0.2]),
                         min_sites=st.integers(2, 8), require_active=st.booleans(), dp_required=st.booleans(),
                         max_epsilon_run=st.floats(0.5, 4), max_epsilon_lifetime=st.just(100.0),
                         models_allowed=subsets(MODELS), max_rounds=st.integers(1, 100),
@@ -112,7 +116,8 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
                        epsilon=st.sampled_from([0.0, 0.5, 1.0, 3.0, 8.0, math.inf]),
                        model=st.sampled_from(MODELS), rounds=st.integers(1, 200),
                        delta=st.sampled_from([1e-7, 1e-5, 1e-4, 0.5]),
-                       test_fraction=st.sampled_from([0.05, 0.2, 0.5, 0.95])))
+                       test_fraction=st.sampled_from([0.05, 0.2, 0.5, 0.95]),
+                       corrupt=st.sampled_from([0.0, 0.1, 0.15, 0.3])))
 def test_a_searching_coordinator_gets_nothing_past_the_policy(policy, facts):
     """Any plan a coordinator can propose: admitted exactly when no rule is broken, and the rule named is
     the first broken one."""
@@ -130,6 +135,11 @@ def test_plan_facts_read_from_a_real_configuration():
     assert (facts.aggregation, facts.sites_per_round, facts.dp, facts.epsilon, facts.rounds) == \
         ("masking", 6, True, 1.5, 7)
     assert 2 <= facts.threshold <= 5
+    assert facts.corrupt == 0.1
+    with pytest.raises(PolicyRefused) as caught:
+        check_plan(SitePolicy(min_corrupt=0.2),
+                   make_config({"data.clients": 6, "dp.target_epsilon": 1.5, "secure.corrupt": 0.1}))
+    assert caught.value.rule == "aggregation.min_corrupt"
     assert plan_facts(make_config({"data.clients": 6}), min_sites=4).sites_per_round == 4
     assert plan_facts(make_config({"dp.target_epsilon": 0, "dp.noise_multiplier": 1.0})).epsilon == math.inf
     plain = plan_facts(make_config({"secure.aggregation": "none", "dp.mode": "none"}))
