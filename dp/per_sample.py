@@ -652,7 +652,8 @@ def finite_sum(losses: torch.Tensor) -> float:
     """The summed loss over the examples whose loss is finite (the reported training loss)."""
     flat = losses.reshape(-1)
     total = float(flat.sum())  # finite only if every loss is: then it is the sum asked for
-    return total if math.isfinite(total) else float(flat[torch.isfinite(flat)].sum())
+    # otherwise a loss is not finite, or finite float32 losses overflowed their float32 sum
+    return total if math.isfinite(total) else float(flat[torch.isfinite(flat)].double().sum())
 
 
 def _closed_form(loss_fn: LossFn, out: object, y: torch.Tensor
