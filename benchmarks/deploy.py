@@ -159,6 +159,8 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of each site process's main thread to DIR/site-K.prof")
     args = parser.parse_args()
 
     from fedsec.config import load_config
@@ -185,8 +187,9 @@ def main() -> None:
         sim_cpu = sampler.per_round("simulation", round_ends(root / "sim" / "audit.db"))
         log("simulation done; starting the deployment")
         coordinator, port = demo.start_coordinator(d, log=root / "coordinator.log")
-        sites = [subprocess.Popen(demo.join_command(d, k, port, policy=policy), stdout=subprocess.DEVNULL,
-                                  stderr=open(root / f"site-{k}.log", "w")) for k in range(args.sites)]
+        sites = [subprocess.Popen(_profiled(demo.join_command(d, k, port, policy=policy), args.profile, k),
+                                  stdout=subprocess.DEVNULL, stderr=open(root / f"site-{k}.log", "w"))
+                 for k in range(args.sites)]
         sampler = CpuSampler()
         sampler.watch("coordinator", coordinator.pid)
         for k, p in enumerate(sites):
@@ -241,6 +244,16 @@ def main() -> None:
         emit(result)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _profiled(command: list[str], folder: Path | None, k: int) -> list[str]:
+    """``command`` (``python -m fedsec join ...``) run under cProfile writing ``folder/site-K.prof``."""
+    if folder is None:
+        return command
+    folder.mkdir(parents=True, exist_ok=True)
+    python, flag, module, *rest = command
+    assert (flag, module) == ("-m", "fedsec"), command
+    return [python, "-m", "cProfile", "-o", str(folder.absolute() / f"site-{k}.prof"), "-m", "fedsec", *rest]
 
 
 def _parameters(model: str, features: int) -> int:
