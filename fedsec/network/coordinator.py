@@ -37,6 +37,7 @@ import grpc
 
 from fedsec.config import ExperimentConfig
 from fedsec.network import envelope
+from fedsec.network.framing import Payload
 from fedsec.network.mailbox import Mailboxes
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.pki import Peer, Trust
@@ -259,6 +260,7 @@ class Hub:
             reply = following[1] if following is not None else envelope.encode({"kind": "wait"})
         else:
             raise ValueError(f"unknown topic {topic!r}")
+        reply = Payload(reply)  # hashed once: for the audit row, then for the framing
         self.audit.received_then_sent(peer.name, topic, payload, reply, round=round_index)
         return reply
 

@@ -27,7 +27,6 @@ that error: the log stops rather than skip rows.
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import re
 import threading
@@ -39,6 +38,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from fedsec.audit.log import AuditLog, Head, canonical_json, fingerprint
+from fedsec.network.framing import payload_sha256
 from fedsec.secagg.keys import SigningKey
 
 LOG = "audit.db"
@@ -83,8 +83,7 @@ def row_problem(item: Item) -> str | None:
 
 def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, Any]:
     """Details of a ``send`` (``direction`` = ``"to"``) or ``receive`` (``"from"``) event."""
-    return {direction: peer, "kind": kind, "size": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest()}
+    return {direction: peer, "kind": kind, "size": len(payload), "sha256": payload_sha256(payload).hex()}
 
 
 def identity_fingerprint(identity_key: ed25519.Ed25519PublicKey) -> str:

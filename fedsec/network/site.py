@@ -47,6 +47,7 @@ from fedsec.config import ExperimentConfig, loads_config
 from fedsec.errors import ConfigError
 from fedsec.network import envelope
 from fedsec.network.errors import PeerRejected, PolicyRefused
+from fedsec.network.framing import Payload
 from fedsec.network.layers import LAYERS, SiteContext, SiteLayer, split_first
 from fedsec.network.ledger import EpsilonLedger
 from fedsec.network.party_audit import PartyAudit, identity_fingerprint
@@ -133,6 +134,7 @@ class Site:
         """One call, redialling for up to :data:`RETRY_SECONDS` while the coordinator is
         unreachable; recorded in the audit log (both messages)."""
         end = time.monotonic() + RETRY_SECONDS
+        payload = Payload(payload)  # hashed once: for the framing, then for the audit row
         while True:
             try:
                 reply = self.client.call(topic, payload, deadline=deadline)
