@@ -143,6 +143,19 @@ class CpuSampler:
         return statistics.mean(spans) if spans else float("nan")
 
 
+def calls_per_round(audit: Path) -> float:
+    """Mean number of calls the coordinator served a round (its ``receive`` rows between consecutive
+    ``round`` rows, round 2 on): every call a site makes is one request the coordinator receives."""
+    db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        ends = [seq for (seq,) in db.execute("SELECT seq FROM events WHERE action = 'round' ORDER BY seq")]
+        counts = [db.execute("SELECT COUNT(*) FROM events WHERE action = 'receive' AND seq > ? AND seq < ?",
+                             (a, b)).fetchone()[0] for a, b in zip(ends, ends[1:])]
+    finally:
+        db.close()
+    return statistics.mean(counts) if counts else float("nan")
+
+
 def round_ends(audit: Path) -> list[float]:
     """UTC times (epoch seconds) of the ``round`` rows of an audit log."""
     db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
@@ -160,7 +173,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--profile", type=Path, default=None,
-                        help="write a cProfile of each site process's main thread to DIR/site-K.prof")
+                        help="write a cProfile (CPU time) of each site's main thread to DIR/site-K.prof")
     args = parser.parse_args()
 
     from fedsec.config import load_config
@@ -234,6 +247,7 @@ def main() -> None:
                 "simulated": round(sim_cpu, 4), "coordinator": round(coordinator_cpu, 4),
                 "site_mean": round(statistics.mean(site_cpu), 4), "sites_total": round(sum(site_cpu), 4),
                 "deployed_total": round(total_cpu, 4)},
+            "calls_per_round": round(calls_per_round(d.run_dir / "audit.db"), 1),
             "cores": cores,
             "cpu_floor_over_simulated": round(total_cpu / cores / sim_s, 3),
             "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
@@ -247,13 +261,15 @@ def main() -> None:
 
 
 def _profiled(command: list[str], folder: Path | None, k: int) -> list[str]:
-    """``command`` (``python -m fedsec join ...``) run under cProfile writing ``folder/site-K.prof``."""
+    """``command`` (``python -m fedsec join ...``) run under cProfile (the main thread's CPU time)
+    writing ``folder/site-K.prof``."""
     if folder is None:
         return command
     folder.mkdir(parents=True, exist_ok=True)
     python, flag, module, *rest = command
     assert (flag, module) == ("-m", "fedsec"), command
-    return [python, "-m", "cProfile", "-o", str(folder.absolute() / f"site-{k}.prof"), "-m", "fedsec", *rest]
+    out = str(folder.absolute() / f"site-{k}.prof")
+    return [python, "-m", "benchmarks.profile_process", out, "fedsec", *rest]
 
 
 def _parameters(model: str, features: int) -> int:
