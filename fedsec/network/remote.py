@@ -162,7 +162,8 @@ class RemoteRound(AggregationProtocol):
     def _train_jobs(self, round_index: int, ids: list[int]) -> dict[int, tuple[dict[str, Any], bytes]]:
         assert self.strategy.vector is not None
         body = vector_bytes(self.strategy.vector)
-        return {c: ({"rng": self.strategy.pending[c], "head": self.hub.audit.head(),
+        head = self.hub.audit.head()  # one read for all: every row before it is on disk
+        return {c: ({"rng": self.strategy.pending[c], "head": head,
                      "noise_multiplier": self.hub.noise_multiplier}, body) for c in ids}
 
     def _training_bundle(self, round_index: int, ids: list[int]) -> Bundle:
