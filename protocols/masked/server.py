@@ -49,7 +49,7 @@ from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
-from fedsec.secagg.prg import accumulate_masks
+from fedsec.secagg.prg import MaskSum
 
 _PRIME_BYTES = shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big")
 
@@ -440,39 +440,42 @@ class _Unmask(_Stage):
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
 
-    def _mask_terms(self) -> list[tuple[bytes, int]]:
-        """(AES key, sign) of every mask term to remove; the secrets are rebuilt first."""
+    def _expand(self, masks: MaskSum) -> None:
+        """Rebuild the secrets and derive every mask term (AES key, sign) to remove, handing each
+        to ``masks`` as soon as it is known: the workers expand it while the next is derived."""
         r = self.r
         start = time.perf_counter()
-        seeds = [(u, self._secret(u, m.SHARE_OF_SEED)) for u in r.survivors]
-        keys: list[tuple[int, crypto.KeyPair]] = []
+        spent = 0.0  # rebuilding secrets
+        for u in r.survivors:
+            begin = time.perf_counter()
+            seed = self._secret(u, m.SHARE_OF_SEED)
+            spent += time.perf_counter() - begin
+            masks.add(self_mask_key(seed, r.session, r.round_index, u), -1)
         for d in self.dropped:
+            begin = time.perf_counter()
             try:
                 recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
             except CryptoError:
                 recovered = None
             if recovered is None or recovered.public != r.keys[d].mask_key:
                 raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
-            keys.append((d, recovered))
-        rebuilt = time.perf_counter()
-        r.profile["secrets"] = rebuilt - start
-        terms = [(self_mask_key(seed, r.session, r.round_index, u), -1) for u, seed in seeds]
-        for d, recovered in keys:
+            spent += time.perf_counter() - begin
             for v in self.needs[d]:
                 # v added +mask if v < d else -mask; remove exactly that.
-                terms.append((mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
-                              -1 if v < d else +1))
-        r.profile["keys"] = time.perf_counter() - rebuilt
-        return terms
+                masks.add(mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
+                          -1 if v < d else +1)
+        r.profile["secrets"] = spent
+        r.profile["keys"] = time.perf_counter() - start - spent
 
     def close(self) -> None:
         r = self.r
         assert r.total is not None
-        # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
-        # workers only makes them wait; the expansion then runs on all cores.
-        terms = self._mask_terms()
-        start = time.perf_counter()
-        correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
+        # Every secret of the sum is rebuilt before any mask is removed from the total: an abort
+        # (too few or inconsistent shares) leaves the total untouched.
+        with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
+            self._expand(masks)
+            start = time.perf_counter()
+            correction = masks.finish()
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
         r.profile["masks"] = time.perf_counter() - start
@@ -560,8 +563,10 @@ class MaskedServer:
     @property
     def profile(self) -> dict[str, float]:
         """Seconds of the unmask stage's close spent rebuilding secrets from shares (``secrets``),
-        deriving the mask keys (``keys``: key agreement and HKDF) and regenerating the masks into
-        the total (``masks``: AES-CTR and the additions); empty before the round completes."""
+        deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
+        the masks of the keys already derived) and expanding the masks still left once every key
+        is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
+        before the round completes."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:
