@@ -26,7 +26,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
@@ -51,7 +50,16 @@ from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
 from fedsec.secagg.prg import MaskSum
 
-_PRIME_BYTES = shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big")
+_PRIME_BYTES = np.frombuffer(shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big"), dtype=np.uint8)
+
+
+def _at_least_prime(points: np.ndarray) -> np.ndarray:
+    """For (n, SHARE_BYTES) uint8 rows of big-endian integers: which are >= the field prime (the
+    first byte that differs from the prime's decides; none differs: equal)."""
+    differs = points != _PRIME_BYTES
+    first = differs.argmax(axis=1)
+    above = points[np.arange(points.shape[0]), first] > _PRIME_BYTES[first]
+    return ~differs.any(axis=1) | above
 
 
 @dataclass
@@ -314,7 +322,7 @@ class _Consistency(_Stage):
 
 
 class _Unmask(_Stage):
-    expects, name = m.UnmaskResponse, "unmask"
+    expects, name = m.UnmaskShares, "unmask"
     in_sum = True
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
@@ -337,14 +345,16 @@ class _Unmask(_Stage):
         # share of each alive one, the mask-key share of each dropped one (ids ascending).
         row_of = {v: i for i, v in enumerate(r.survivors)}
         self.lists: dict[int, tuple[list[int], list[int]]] = {}
-        self.asked: dict[int, frozenset[tuple[int, int]]] = {}
+        self.asked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Each holder's asked (owner, kind) pairs: owner ids ascending (distinct), their kinds."""
         for c in members:
             held = r.neighbours[row_of[c]][r.flags[row_of[c]]]
-            alive = r.alive_at[held]
-            seeds, keys = np.sort(ring[held[alive]]).tolist(), np.sort(ring[held[~alive]]).tolist()
-            self.lists[c] = seeds, keys
-            self.asked[c] = frozenset(zip(seeds, repeat(m.SHARE_OF_SEED))) | frozenset(
-                zip(keys, repeat(m.SHARE_OF_MASK_KEY)))
+            ids, kinds = ring[held], np.where(r.alive_at[held], m.SHARE_OF_SEED, m.SHARE_OF_MASK_KEY)
+            order = np.argsort(ids)
+            ids, kinds = ids[order], kinds[order]
+            self.lists[c] = (ids[kinds == m.SHARE_OF_SEED].tolist(),
+                             ids[kinds == m.SHARE_OF_MASK_KEY].tolist())
+            self.asked[c] = ids, kinds
         self.hasher = ShareHasher(r.session, r.round_index)
         # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
         self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -374,34 +384,32 @@ class _Unmask(_Stage):
             self._committed = table.reshape(len(owners), -1, COMMITMENT_BYTES), rows
         return self._committed
 
-    def accept(self, sender: int, body: m.UnmaskResponse) -> None:
-        ask = self.asked[sender]
-        shares = body.shares
-        if not shares:
-            if ask:
-                raise MalformedMessage("unmask response does not answer exactly what was asked")
+    def accept(self, sender: int, body: m.UnmaskShares) -> None:
+        asked_owners, asked_kinds = self.asked[sender]
+        owners, kind, points = body.owners, body.kinds, body.shares
+        # Exactly the (owner, kind) pairs asked, each once: the asked owners are distinct, so the
+        # answer sorted by owner must equal them pair by pair.
+        order = np.argsort(owners, kind="stable")
+        if (owners.size != asked_owners.size or not np.array_equal(owners[order], asked_owners)
+                or not np.array_equal(kind[order], asked_kinds)):
+            raise MalformedMessage("unmask response does not answer exactly what was asked")
+        if not owners.size:
             self.answers[sender] = body
             return
-        owners, kinds, values = zip(*shares, strict=True)
-        # Exactly the (owner, kind) pairs asked, each once: one kind per owner, so owners are distinct.
-        if len(shares) != len(ask) or set(zip(owners, kinds, strict=True)) != ask:
-            raise MalformedMessage("unmask response does not answer exactly what was asked")
-        if max(values) >= _PRIME_BYTES:  # fixed-width big-endian
+        if _at_least_prime(points).any():
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
         r = self.r
         graph = r.graph
-        at = graph.positions(np.array(owners, dtype=np.uint64))
+        at = graph.positions(owners)
         xs = graph.x_at(at, graph.position(sender))
-        kind = np.array(kinds, dtype=np.int64)
-        hashes = self.hasher.digests(owners, xs.tolist(), kinds, values)
+        hashes = self.hasher.digest_rows(owners, xs, kind, points)
         table, rows = self._commitments()
         committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
-        good = (np.frombuffer(hashes, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES) == committed).all(axis=1)
+        good = (hashes == committed).all(axis=1)
         if not good.all():
-            owner = owners[int(np.flatnonzero(~good)[-1])]
+            owner = int(owners[int(np.flatnonzero(~good)[-1])])
             r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
-        points = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
         self.taken.append((at[good], kind[good], xs[good], points[good]))
 
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
