@@ -303,6 +303,29 @@ class UnmaskResponse:
         return cls(shares)
 
 
+SEALED_ROW = np.dtype([("peer", ">u8"), ("bundle", f"V{SEALED_BYTES}")])
+"""One ShareKeys / ForwardedShares record as the wire lays it out (``_SEALED``): peer id, bundle."""
+
+
+@dataclass(frozen=True, eq=False)
+class SharedBundles:
+    """The server's reading of a :class:`ShareKeys`: the same bytes, refused for the same reasons,
+    with the sealed bundles as one structured array (``SEALED_ROW``; ``peer`` is the recipient)
+    instead of one tuple per bundle."""
+
+    KIND: ClassVar[int] = ShareKeys.KIND
+    rows: np.ndarray
+    commitments: bytes
+
+    @classmethod
+    def read(cls, r: Reader) -> SharedBundles:
+        rows = r.record_array(SEALED_ROW)
+        commitments = bytes(r.view())
+        if len(commitments) % (SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES):
+            raise MalformedMessage("share commitments are not whole hashes")
+        return cls(rows, commitments)
+
+
 _SHARE_ROW = np.dtype([("owner", ">u8"), ("kind", "u1"), ("share", "u1", (SHARE_BYTES,))])
 """One UnmaskResponse record as the wire lays it out (``_SHARE``)."""
 

@@ -175,11 +175,14 @@ class _AdvertiseKeys(_Stage):
 
 
 class _ShareKeys(_Stage):
-    expects, name = m.ShareKeys, "share keys"
+    expects, name = m.SharedBundles, "share keys"
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
-        self.recipients: dict[int, list[int]] = {}
+        self.keyed = np.zeros(len(r.graph.ring), dtype=bool)
+        """Flags by ring index: the clients whose key entries were accepted."""
+        self.keyed[r.graph.positions(np.array(sorted(r.keys), dtype=np.uint64))] = True
+        self.ring = np.array(r.graph.ring, dtype=np.uint64)
 
     def outgoing(self) -> dict[int, bytes]:
         keys, graph = self.r.keys, self.r.graph
@@ -188,23 +191,24 @@ class _ShareKeys(_Stage):
                                   bodies.body([c, *(v for v in graph.neighbours(c) if v in keys)]))
                 for c in self.members}
 
-    def accept(self, sender: int, body: m.ShareKeys) -> None:
-        recipients = [v for v, _ in body.sealed]
-        expected = {v for v in self.r.graph.neighbours(sender) if v in self.r.keys}
-        if len(set(recipients)) != len(recipients) or set(recipients) != expected:
+    def accept(self, sender: int, body: m.SharedBundles) -> None:
+        graph = self.r.graph
+        # Exactly the neighbours in ``keys``, each once (they are distinct: compare sorted).
+        around = graph.neighbour_positions(np.array([graph.position(sender)]))[0]
+        expected = np.sort(self.ring[around[self.keyed[around]]])
+        recipients = body.rows["peer"]
+        if recipients.size != expected.size or not np.array_equal(np.sort(recipients), expected):
             raise MalformedMessage("share bundles are not addressed to exactly the neighbours")
         size = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES * self.r.graph.degree
         if (len(body.commitments) != size
                 or commitment_digest(body.commitments) != self.r.keys[sender].commitment):
             raise MalformedMessage("share commitments do not match the advertised digest")
-        self.recipients[sender] = recipients
 
     def close(self) -> _Stage:
         router = BundleRouter(self.r.graph)
         for c in sorted(self.answers):
             body = self.answers[c]
-            router.add(c, np.array(self.recipients[c], dtype=np.uint64),
-                       b"".join([blob for _, blob in body.sealed]))
+            router.add_rows(c, body.rows)
             self.r.commitments[c] = body.commitments
         self.r.require(len(self.answers), self.name)
         router.seal()

@@ -1,7 +1,8 @@
-"""The server's array reading of unmask answers equals the scalar reference it replaces.
+"""The server's array readings of client messages equal the scalar references they replace.
 
-``UnmaskShares`` must accept exactly the bytes ``UnmaskResponse`` accepts, with the same shares,
-and refuse everything else with the same reason (a searching sender may send any bytes);
+``UnmaskShares`` and ``SharedBundles`` must accept exactly the bytes ``UnmaskResponse`` and
+``ShareKeys`` accept, with the same contents, and refuse everything else with the same reason (a
+searching sender may send any bytes); the router fed those records must forward the same bytes;
 ``ShareHasher.digest_rows`` must equal ``share_hash`` share by share; the field-element test on
 rows must equal the integer comparison."""
 
@@ -92,3 +93,55 @@ def test_a_duplicated_owner_is_refused_even_with_the_right_count():
                           np.zeros((2, SHARE_BYTES), dtype=np.uint8))
     with pytest.raises(MalformedMessage, match="exactly what was asked"):
         stage.accept(7, body)
+
+
+bundles = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.binary(min_size=m.SEALED_BYTES,
+                                                                  max_size=m.SEALED_BYTES)), max_size=6)
+
+
+def _bundles_outcome(data: bytes, expect: type) -> object:
+    try:
+        _, body = m.decode(data, expect=expect, session=SESSION, round_index=3, sender=17)
+    except MalformedMessage as error:
+        return "refused", str(error)
+    if isinstance(body, m.SharedBundles):
+        return [(int(row["peer"]), bytes(row["bundle"])) for row in body.rows], body.commitments
+    return [tuple(row) for row in body.sealed], body.commitments
+
+
+@given(bundles, st.binary(max_size=200), st.data())
+def test_bundle_reading_equals_the_tuple_reading_on_any_bytes(rows, commitments, data):
+    header = m.Header(m.ShareKeys.KIND, SESSION, 3, 17, m.SERVER)
+    raw = bytearray(m.encode(header, m.ShareKeys(tuple(rows), commitments)))
+    edit = data.draw(st.sampled_from(["none", "truncate", "extend", "byte"]))
+    if edit == "truncate":
+        raw = raw[:data.draw(st.integers(0, len(raw)))]
+    elif edit == "extend":
+        raw += data.draw(st.binary(min_size=1, max_size=50))
+    elif edit == "byte":
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    assert _bundles_outcome(bytes(raw), m.SharedBundles) == _bundles_outcome(bytes(raw), m.ShareKeys)
+
+
+@given(st.integers(4, 12), st.data())
+def test_router_fed_records_forwards_the_same_bytes(n, data):
+    from fedsec.protocols.masked.graph import RingGraph
+    from fedsec.protocols.masked.routing import BundleRouter
+
+    ring = tuple(data.draw(st.permutations(range(1, n + 1))))
+    degree = data.draw(st.sampled_from([d for d in range(2, n) if d % 2 == 0] or [n - 1]))
+    graph = RingGraph(ring, degree)
+    by_bytes, by_rows = BundleRouter(graph), BundleRouter(graph)
+    for sender in ring:
+        peers = list(graph.neighbours(sender))
+        peers = data.draw(st.permutations(peers))[:data.draw(st.integers(0, len(peers)))]
+        blobs = [data.draw(st.binary(min_size=m.SEALED_BYTES, max_size=m.SEALED_BYTES)) for _ in peers]
+        by_bytes.add(sender, np.array(peers, dtype=np.uint64), b"".join(blobs))
+        raw = m.encode(m.Header(m.ShareKeys.KIND, SESSION, 3, sender, m.SERVER),
+                       m.ShareKeys(tuple(zip(peers, blobs, strict=True)), b""))
+        _, body = m.decode(raw, expect=m.SharedBundles)
+        by_rows.add_rows(sender, body.rows)
+    by_bytes.seal()
+    by_rows.seal()
+    for c in ring:
+        assert b"".join(by_rows.body(c)) == b"".join(by_bytes.body(c))
