@@ -75,6 +75,30 @@ that holds the GIL (key agreement): a worker done with one AES-CTR call waits at
 long to start the next, instead of Python's default 5 ms."""
 
 
+_overlap_lock = threading.Lock()
+_overlaps = 0
+_saved_interval = 0.0
+
+
+def _lower_switch_interval() -> None:
+    """Lower the switch interval while at least one MaskSum has workers (nested or concurrent
+    sums in several threads restore the original value only when the last one ends)."""
+    global _overlaps, _saved_interval
+    with _overlap_lock:
+        if _overlaps == 0:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_saved_interval, _SWITCH_INTERVAL))
+        _overlaps += 1
+
+
+def _restore_switch_interval() -> None:
+    global _overlaps
+    with _overlap_lock:
+        _overlaps -= 1
+        if _overlaps == 0:
+            sys.setswitchinterval(_saved_interval)
+
+
 class MaskSum:
     """Sum of sign * mask(key) over keys handed in one at a time, expanded by worker threads while
     the caller derives the next keys (mod 2^word; the caller reduces mod 2^b at the end).
@@ -107,13 +131,13 @@ class MaskSum:
         self._workers: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self._cancelled = False
-        self._interval: float | None = None
+        self._lowered = False
         self._open = False
 
     def __enter__(self) -> MaskSum:
         if self.threads > 1:
-            self._interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._interval, _SWITCH_INTERVAL))
+            _lower_switch_interval()
+            self._lowered = True
         for _ in range(self.threads - 1):
             acc = np.zeros(self.length, dtype=self.dtype)
             self._sums.append(acc)
@@ -168,9 +192,9 @@ class MaskSum:
                 self._queue.put(None)
         for worker in self._workers:
             worker.join()
-        if self._interval is not None:
-            sys.setswitchinterval(self._interval)
-            self._interval = None
+        if self._lowered:
+            _restore_switch_interval()
+            self._lowered = False
 
     def _work(self, acc: np.ndarray) -> None:
         expander = MaskExpander(length=self.length, modulus_bits=self.modulus_bits)

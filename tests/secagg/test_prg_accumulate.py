@@ -72,3 +72,16 @@ def test_bad_use_is_refused():
             masks.add(bytes(32), 1)
     with pytest.raises(RuntimeError):
         MaskSum(length=4, modulus_bits=32).add(bytes(32), 1)
+
+
+def test_concurrent_sums_restore_the_switch_interval_once_the_last_ends():
+    original = sys.getswitchinterval()
+    first = MaskSum(length=64, modulus_bits=32, threads=2).__enter__()
+    second = MaskSum(length=64, modulus_bits=32, threads=2).__enter__()
+    first.add(bytes(32), 1)
+    first.finish()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() <= 1e-4  # the second still runs
+    second.finish()
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == original
