@@ -160,8 +160,9 @@ def main() -> None:
     log(f"degree {chosen.degree}, threshold {chosen.threshold}, {n_drop} dropouts; running the round")
     start = time.perf_counter()
     try:
-        recorder = _Recorder(server)
-        trace = run_round(recorder, clients, drop_at=drops, transport=transport)
+        recorder = _Recorder(server)  # keeps every answer only when asked to replay them
+        trace = run_round(recorder if args.replay > 0 else server, clients, drop_at=drops,
+                          transport=transport)
     finally:
         gc.enable()
     wall = time.perf_counter() - start
