@@ -26,6 +26,11 @@ raw_aes_cpu_s and server_cpu_over_raw_aes_cpu, the same in CPU seconds (all the 
 while the server runs: on a shared machine, less sensitive to other jobs than the wall clock, and
 blind to the server's use of a second core).
 
+``--replay N`` feeds the round's recorded answers to N fresh servers (same session, ring and
+directory) with nothing between their messages, each checked to give the same sum: replay_s and
+replay_cpu_s (one entry per server), replay_over_raw_aes and replay_cpu_over_raw_aes_cpu (medians
+over the AES reference): the server's own cost, without the client work that evicts its caches.
+
 The reference, raw_aes_s, is measured in the same run, after the round, with the same primitive
 (``cryptography``'s AES-256-CTR) on one core: the floor for a server that must regenerate those
 masks. The goal for SecAgg+ at 1000 clients x 100k parameters, 10% dropout, is
