@@ -112,6 +112,11 @@ def stream_bytes(trainer: DPSGDTrainer, n: int, n_parameters: int) -> int:
     return 8 * steps * n + (16 * ((steps * n_parameters + 1) // 2) if noisy else 0)
 
 
+class MissingInput(RuntimeError):
+    """A training task reached a worker that lacks the round vector or a client's data: the task
+    that carried them failed before it ran (its data could not be fetched)."""
+
+
 class Worker:
     """One Ray actor: trains clients and hosts masking clients, one call at a time."""
 
@@ -121,6 +126,12 @@ class Worker:
         self.strategy: Strategy | None = None
         self.trainer: DPSGDTrainer | None = None
         self.rounds: dict[int, dict[int, MaskedClient]] = {}
+        self.data: dict[int, Any] = {}
+        """The training data of every client this worker has trained, by client id: each arrives
+        once (zero-copy views of the object store), not with every task."""
+        self.vector: np.ndarray | None = None
+        """The global vector of the round being trained: sent with this worker's first task of
+        the round only."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -129,13 +140,20 @@ class Worker:
         self.model, self.strategy = model, strategy
         self.trainer = find_dpsgd(strategy)
 
-    def update_many(self, vector: np.ndarray, data: Sequence[Any], seeds: Sequence[int],
-                    streams: Sequence[tuple[str, int] | None]
+    def update_many(self, vector: np.ndarray | None, clients: Sequence[int], seeds: Sequence[int],
+                    streams: Sequence[tuple[str, int] | None], fresh: Sequence[int], *data: Any
                     ) -> list[tuple[LocalResult | None, list[tuple[float, float, int]], int | None]]:
-        """:meth:`update` for consecutive clients (``data``: their object references), one after
-        another in this process, each from ``vector``."""
-        clients = ray.get(list(data))
-        return [self.update(vector, client, seed, stream)
+        """:meth:`update` for consecutive ``clients``, one after another in this process, each from
+        the round's global vector: ``vector`` when given (this worker's first task of a round; kept
+        for the next ones), else the one kept. ``data`` are the training sets of the clients
+        ``fresh`` (those this worker has not held before: Ray resolves them from the object store
+        before the call), kept for later rounds."""
+        if vector is not None:
+            self.vector = vector
+        self.data.update(zip(fresh, data, strict=True))
+        if self.vector is None or any(client not in self.data for client in clients):
+            raise MissingInput("the round vector or a client's data never reached this worker")
+        return [self.update(self.vector, self.data[client], seed, stream)
                 for client, seed, stream in zip(clients, seeds, streams, strict=True)]
 
     def update(self, vector: np.ndarray, data: Any, seed: int, stream: tuple[str, int] | None
@@ -259,6 +277,10 @@ class RayClientRunner(ClientRunner):
         """Training tasks sent to the workers so far (fewer than the clients when runs form)."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
+        self._sent: dict[int, tuple[Any, set[int], Any]] = {}
+        """What each live worker was sent (by ``id`` of its handle: the handle, the clients whose
+        data it holds, the reference of the last round vector it got); a fresh worker starts
+        with nothing."""
 
     def start(self, *, model: nn.Module, strategy: Strategy, data: FederatedDataset) -> None:
         self._data = [ray.put(client) for client in data.clients]
@@ -269,7 +291,7 @@ class RayClientRunner(ClientRunner):
 
     def stop(self) -> None:
         self.pool.shutdown()
-        self._data = []
+        self._data, self._sent = [], {}
 
     def run(self, vector: np.ndarray, tasks: Sequence[ClientTask]) -> Iterator[Outcome]:
         if not self._data:
@@ -341,8 +363,7 @@ class RayClientRunner(ClientRunner):
                 slot, run = free.pop(0), range(first, min(first + size, len(tasks)))
                 first, actor = run.stop, actors[slot]
                 streams = [None if plan is None else plan[i][:2] for i in run]
-                ref = actor.update_many.remote(vector_ref, [self._data[tasks[i].client_id] for i in run],
-                                               [tasks[i].seed for i in run], streams)
+                ref = self._submit(actor, vector_ref, [tasks[i] for i in run], streams)
                 running[ref] = (run, slot, actor)
                 self.tasks_sent += 1
             done, _ = ray.wait(list(running), num_returns=1)
@@ -352,17 +373,37 @@ class RayClientRunner(ClientRunner):
                     results[run.start:run.stop] = ray.get(ref)
                 except LOST_ERRORS as error:
                     results[run.start:run.stop] = [f"lost: {type(error).__name__}"] * len(run)
+                    self._sent.pop(id(actor), None)
                     if self.pool.actors()[slot] is actor:  # the first of its tasks to report
                         self.pool.replace(slot)
                         actors = self.pool.actors()
                 except ray.exceptions.RayTaskError as error:
                     cause = error.as_instanceof_cause()
-                    if not isinstance(cause, LOST_ERRORS):
+                    if not isinstance(cause, LOST_ERRORS + (MissingInput,)):
                         raise cause from None
-                    # the worker lives, but a client's data could not be fetched (a node lost)
+                    # the worker lives, but a client's data could not be fetched (a node lost), or a
+                    # task before this one that carried what it needs failed so: send all again
                     results[run.start:run.stop] = [f"lost: {type(error.cause).__name__}"] * len(run)
+                    self._sent.pop(id(actor), None)
                 free.append(slot)
         return results
+
+    def _submit(self, actor: Any, vector_ref: Any, tasks: Sequence[ClientTask],
+                streams: list[tuple[str, int] | None]) -> Any:
+        """Send one run of clients to ``actor``, with the round's vector if it has
+        not had it yet and the data of the clients it has not held yet (each as a top-level
+        argument, so Ray fetches it before the call and the worker keeps it)."""
+        clients = [task.client_id for task in tasks]
+        sent = self._sent.get(id(actor))
+        if sent is None or sent[0] is not actor:
+            sent = self._sent[id(actor)] = (actor, set(), None)
+        _, held, last = sent
+        fresh = [c for c in dict.fromkeys(clients) if c not in held]
+        held.update(fresh)
+        vector = None if last is vector_ref else vector_ref
+        self._sent[id(actor)] = (actor, held, vector_ref)
+        return actor.update_many.remote(vector, clients, [task.seed for task in tasks], streams, fresh,
+                                        *(self._data[c] for c in fresh))
 
 
 class RayClientExecutor(ClientExecutor):
