@@ -215,7 +215,11 @@ class WorkerPool:
         self.cpus_per_worker, self.workers = float(cpus_per_worker), workers
         self._actors: list[Any] = []
         self._setup: tuple[Any, Any] | None = None
-        self._cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0, max_task_retries=0)(Worker)
+        options = {"num_cpus": self.cpus_per_worker, "max_restarts": 0, "max_task_retries": 0}
+        try:  # no task events: Ray's dashboard bookkeeping of every call, nobody reads it here
+            self._cls = ray.remote(**options, enable_task_events=False)(Worker)
+        except ValueError:  # a Ray before 2.12 has no such option
+            self._cls = ray.remote(**options)(Worker)
         ray.util.register_serializer(SecureRandom, serializer=_drop_stream, deserializer=_fresh_stream)
 
     def size(self) -> int:
@@ -277,6 +281,10 @@ class RayClientRunner(ClientRunner):
         """Training tasks sent to the workers so far (fewer than the clients when runs form)."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
+        self.data_sent = 0
+        """Client data sets sent to workers so far (each worker gets a client's data once)."""
+        self.vectors_sent = 0
+        """Global vectors sent to workers so far (once a round to each worker that trains)."""
         self._sent: dict[int, tuple[Any, set[int], Any]] = {}
         """What each live worker was sent (by ``id`` of its handle: the handle, the clients whose
         data it holds, the reference of the last round vector it got); a fresh worker starts
@@ -402,6 +410,8 @@ class RayClientRunner(ClientRunner):
         held.update(fresh)
         vector = None if last is vector_ref else vector_ref
         self._sent[id(actor)] = (actor, held, vector_ref)
+        self.data_sent += len(fresh)
+        self.vectors_sent += vector is not None
         return actor.update_many.remote(vector, clients, [task.seed for task in tasks], streams, fresh,
                                         *(self._data[c] for c in fresh))
 
