@@ -9,8 +9,10 @@ What runs where:
   masking clients of a round (:class:`~protocols.masked.client.MaskedClient`: key agreement,
   Shamir sharing, the pairwise-mask expansion, unmasking answers).
 
-Each client's data goes to the object store once, when the run starts (``ray.put``); a round
-sends the global vector once (``ray.put``) and one task per sampled client.
+Each client's data goes to the object store once, when the run starts (``ray.put``), and from
+there to a worker once: each worker keeps the data of the clients it has trained. A round puts
+the global vector in the object store once (``ray.put``); it travels with each worker's first
+task of the round only, and the sampled clients go in runs of consecutive clients, one task each.
 
 Equal to the local backend (same seed, ``dp.reproducible = true``): the seeds of every client come
 from the driver's generator in the same order; the DP-SGD noise stream is one AES-CTR stream in
