@@ -134,6 +134,8 @@ class Worker:
         self.vector: np.ndarray | None = None
         """The global vector of the round being trained: sent with this worker's first task of
         the round only."""
+        self.vector_round = -1
+        """The runner's round number of ``vector``."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -142,19 +144,22 @@ class Worker:
         self.model, self.strategy = model, strategy
         self.trainer = find_dpsgd(strategy)
 
-    def update_many(self, vector: np.ndarray | None, clients: Sequence[int], seeds: Sequence[int],
-                    streams: Sequence[tuple[str, int] | None], fresh: Sequence[int], *data: Any
+    def update_many(self, round_number: int, vector: np.ndarray | None, clients: Sequence[int],
+                    seeds: Sequence[int], streams: Sequence[tuple[str, int] | None], fresh: Sequence[int],
+                    *data: Any
                     ) -> list[tuple[LocalResult | None, list[tuple[float, float, int]], int | None]]:
         """:meth:`update` for consecutive ``clients``, one after another in this process, each from
-        the round's global vector: ``vector`` when given (this worker's first task of a round; kept
-        for the next ones), else the one kept. ``data`` are the training sets of the clients
-        ``fresh`` (those this worker has not held before: Ray resolves them from the object store
-        before the call), kept for later rounds."""
+        the global vector of the runner's round ``round_number``: ``vector`` when given (this
+        worker's first task of a round; kept for the next ones), else the one kept, which must be
+        that round's (never an older one). ``data`` are the training sets of the clients ``fresh``
+        (those this worker has not held before: Ray resolves them from the object store before the
+        call), kept for later rounds."""
         if vector is not None:
-            self.vector = vector
+            self.vector, self.vector_round = vector, round_number
         self.data.update(zip(fresh, data, strict=True))
-        if self.vector is None or any(client not in self.data for client in clients):
-            raise MissingInput("the round vector or a client's data never reached this worker")
+        if (self.vector is None or self.vector_round != round_number
+                or any(client not in self.data for client in clients)):
+            raise MissingInput("this round's vector or a client's data never reached this worker")
         return [self.update(self.vector, self.data[client], seed, stream)
                 for client, seed, stream in zip(clients, seeds, streams, strict=True)]
 
@@ -287,6 +292,8 @@ class RayClientRunner(ClientRunner):
         """Client data sets sent to workers so far (each worker gets a client's data once)."""
         self.vectors_sent = 0
         """Global vectors sent to workers so far (once a round to each worker that trains)."""
+        self._round = 0
+        """Rounds run so far: names the vector each task must train from."""
         self._sent: dict[int, tuple[Any, set[int], Any]] = {}
         """What each live worker was sent (by ``id`` of its handle: the handle, the clients whose
         data it holds, the reference of the last round vector it got); a fresh worker starts
@@ -307,6 +314,7 @@ class RayClientRunner(ClientRunner):
         if not self._data:
             raise RuntimeError("RayClientRunner.run before start")
         vector_ref = ray.put(vector)
+        self._round += 1
         stream = self._stream()
         results: list[Any] = [None] * len(tasks)
         first, position = 0, (stream[1] if stream is not None else 0)
@@ -414,8 +422,8 @@ class RayClientRunner(ClientRunner):
         self._sent[id(actor)] = (actor, held, vector_ref)
         self.data_sent += len(fresh)
         self.vectors_sent += vector is not None
-        return actor.update_many.remote(vector, clients, [task.seed for task in tasks], streams, fresh,
-                                        *(self._data[c] for c in fresh))
+        return actor.update_many.remote(self._round, vector, clients, [task.seed for task in tasks], streams,
+                                        fresh, *(self._data[c] for c in fresh))
 
 
 class RayClientExecutor(ClientExecutor):

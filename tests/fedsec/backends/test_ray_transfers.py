@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import ray
 from fedsec.fl_core import (
     ArrayDataset,
     ClientFailure,
@@ -16,7 +17,7 @@ from fedsec.fl_core import (
 )
 from fedsec.fl_core.local import TorchTrainer
 
-from fedsec.backends.ray_runner import RayClientRunner, WorkerPool
+from fedsec.backends.ray_runner import MissingInput, RayClientRunner, WorkerPool
 
 pytestmark = pytest.mark.slow
 
@@ -85,5 +86,8 @@ def test_a_worker_missing_its_inputs_loses_those_clients_then_gets_everything_ag
         second = list(runner.run(vector, tasks))
         for got, want in zip(second, expected, strict=True):
             np.testing.assert_array_equal(got.vector, want.vector)
+        # a task of a later round that comes without a vector never trains from an older one
+        with pytest.raises(MissingInput):
+            ray.get(actor.update_many.remote(runner._round + 1, None, [0], [0], [None], []))
     finally:
         runner.stop()
