@@ -16,11 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from fedsec.dp.analysis import pld, prv, rdp
+from fedsec.dp.analysis import pld, rdp
 from fedsec.dp.errors import InvalidPrivacyParameterError
 from fedsec.dp.ledger import Event, GaussianEvent, PrivacyLedger, SkellamEvent
 
 ACCOUNTANTS = ("pld", "prv", "rdp")
+
+
+def _prv_epsilon(events: Sequence[Event], delta: float) -> float:
+    """:func:`fedsec.dp.analysis.prv.epsilon`, imported on first use: it loads Opacus, about
+    0.7 s of start-up that every process importing fedsec (each deployed site) would pay."""
+    from fedsec.dp.analysis import prv
+
+    return prv.epsilon(events, delta)
 
 
 def check_delta(delta: float) -> None:
@@ -36,7 +44,7 @@ class Accountant:
     """
 
     _ANALYSES: dict[str, Callable[[Sequence[Event], float], float]] = {
-        "pld": pld.epsilon, "prv": prv.epsilon, "rdp": rdp.epsilon}
+        "pld": pld.epsilon, "prv": _prv_epsilon, "rdp": rdp.epsilon}
 
     def __init__(self, mechanism: str = "pld") -> None:
         if mechanism not in ACCOUNTANTS:
