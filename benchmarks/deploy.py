@@ -19,9 +19,12 @@ that.
 CPU: every process's CPU seconds (user + system, from ``/proc``; this process's own for the
 simulation) are sampled every 20 ms and split into rounds at the ``round`` rows of the
 coordinator's and the simulation's audit logs; ``cpu_seconds_per_round`` is the mean over rounds
-2..R. With ``cores`` cores, no schedule runs a deployed round in less than its total CPU seconds
-over ``cores``: ``cpu_floor_over_simulated`` is that floor over the simulated round's seconds (the
-ratio the deployment could reach on this machine if every CPU second ran in parallel). The load
+2..R. ``cpu_seconds_by_thread`` splits the whole life of the coordinator and of one site by thread
+name (gRPC's C threads, the server's pool, the audit writer, the main thread). ``calls_per_round``
+counts the calls the coordinator served a round. With ``cores`` cores, no schedule runs a deployed
+round in less than its total CPU seconds over ``cores``: ``cpu_floor_over_simulated`` is that floor
+over the simulated round's seconds (the ratio the deployment could reach on this machine if every
+CPU second ran in parallel). The load
 average before and after is reported: other jobs share the cores. The last line of output is one
 JSON object.
 """
@@ -101,12 +104,17 @@ class CpuSampler:
         self.period = period
         self.pids: dict[str, int | None] = {}
         self.samples: dict[str, list[tuple[float, float]]] = {}
+        self.threads: dict[str, dict[int, tuple[str, float]]] = {}
+        """``name -> {thread id: (thread name, CPU seconds)}`` at the last sample, for the
+        processes watched with ``threads=True``."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def watch(self, name: str, pid: int | None) -> None:
+    def watch(self, name: str, pid: int | None, *, threads: bool = False) -> None:
         self.samples[name] = []
         self.pids[name] = pid
+        if threads:
+            self.threads[name] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -129,7 +137,28 @@ class CpuSampler:
                 except OSError:
                     continue
                 self.samples[name].append((now, (int(fields[11]) + int(fields[12])) / tick))
+                if name in self.threads:
+                    self._threads(name, pid, tick)
             self._stop.wait(self.period)
+
+    def _threads(self, name: str, pid: int, tick: int) -> None:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                text = (task / "stat").read_text()
+            except OSError:
+                continue
+            comm = text[text.index("(") + 1:text.rindex(")")]
+            fields = text.rpartition(")")[2].split()
+            self.threads[name][int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+
+    def by_thread(self, name: str) -> dict[str, float]:
+        """CPU seconds of ``name``'s threads over its life, by thread name (digits dropped: the
+        gRPC server's pool threads, say, are summed), largest first."""
+        totals: dict[str, float] = {}
+        for comm, cpu in self.threads.get(name, {}).values():
+            key = comm.rstrip("0123456789_-") or comm
+            totals[key] = totals.get(key, 0.0) + cpu
+        return dict(sorted(((k, round(v, 2)) for k, v in totals.items() if v > 0), key=lambda kv: -kv[1]))
 
     def per_round(self, name: str, ends: list[float]) -> float:
         """Mean CPU seconds of ``name`` per round between consecutive round ends (round 2 on)."""
@@ -141,6 +170,19 @@ class CpuSampler:
 
         spans = [at(b) - at(a) for a, b in zip(ends, ends[1:])]
         return statistics.mean(spans) if spans else float("nan")
+
+
+def calls_per_round(audit: Path) -> float:
+    """Mean number of calls the coordinator served a round (its ``receive`` rows between consecutive
+    ``round`` rows, round 2 on): every call a site makes is one request the coordinator receives."""
+    db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
+    try:
+        ends = [seq for (seq,) in db.execute("SELECT seq FROM events WHERE action = 'round' ORDER BY seq")]
+        counts = [db.execute("SELECT COUNT(*) FROM events WHERE action = 'receive' AND seq > ? AND seq < ?",
+                             (a, b)).fetchone()[0] for a, b in zip(ends, ends[1:])]
+    finally:
+        db.close()
+    return statistics.mean(counts) if counts else float("nan")
 
 
 def round_ends(audit: Path) -> list[float]:
@@ -159,6 +201,8 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile (CPU time) of each site's main thread to DIR/site-K.prof")
     args = parser.parse_args()
 
     from fedsec.config import load_config
@@ -185,12 +229,13 @@ def main() -> None:
         sim_cpu = sampler.per_round("simulation", round_ends(root / "sim" / "audit.db"))
         log("simulation done; starting the deployment")
         coordinator, port = demo.start_coordinator(d, log=root / "coordinator.log")
-        sites = [subprocess.Popen(demo.join_command(d, k, port, policy=policy), stdout=subprocess.DEVNULL,
-                                  stderr=open(root / f"site-{k}.log", "w")) for k in range(args.sites)]
+        sites = [subprocess.Popen(_profiled(demo.join_command(d, k, port, policy=policy), args.profile, k),
+                                  stdout=subprocess.DEVNULL, stderr=open(root / f"site-{k}.log", "w"))
+                 for k in range(args.sites)]
         sampler = CpuSampler()
-        sampler.watch("coordinator", coordinator.pid)
+        sampler.watch("coordinator", coordinator.pid, threads=True)
         for k, p in enumerate(sites):
-            sampler.watch(f"site-{k}", p.pid)
+            sampler.watch(f"site-{k}", p.pid, threads=k == 0)
         sampler.start()
         try:
             coordinator.communicate(timeout=3000)
@@ -231,6 +276,9 @@ def main() -> None:
                 "simulated": round(sim_cpu, 4), "coordinator": round(coordinator_cpu, 4),
                 "site_mean": round(statistics.mean(site_cpu), 4), "sites_total": round(sum(site_cpu), 4),
                 "deployed_total": round(total_cpu, 4)},
+            "calls_per_round": round(calls_per_round(d.run_dir / "audit.db"), 1),
+            "cpu_seconds_by_thread": {"coordinator": sampler.by_thread("coordinator"),
+                                      "site-0": sampler.by_thread("site-0")},
             "cores": cores,
             "cpu_floor_over_simulated": round(total_cpu / cores / sim_s, 3),
             "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
@@ -241,6 +289,18 @@ def main() -> None:
         emit(result)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _profiled(command: list[str], folder: Path | None, k: int) -> list[str]:
+    """``command`` (``python -m fedsec join ...``) run under cProfile (the main thread's CPU time)
+    writing ``folder/site-K.prof``."""
+    if folder is None:
+        return command
+    folder.mkdir(parents=True, exist_ok=True)
+    python, flag, module, *rest = command
+    assert (flag, module) == ("-m", "fedsec"), command
+    out = str(folder.absolute() / f"site-{k}.prof")
+    return [python, "-m", "benchmarks.profile_process", out, "fedsec", *rest]
 
 
 def _parameters(model: str, features: int) -> int:

@@ -26,9 +26,12 @@ The CPU-bound ratio, ``cpu_ratio``, is the CPU seconds a Ray round takes (the dr
 and Ray's daemons: this process tree, from /proc) over a local round's (medians over the rounds
 after each run's first): the work Ray adds. ``speedup_bound`` = min(cpus, parallel_capacity) /
 cpu_ratio is the speedup Ray would reach if its rounds kept every core it got busy.
+``local_cpu_roles`` / ``ray_cpu_roles`` split a round's CPU seconds (medians) between the
+``driver`` (this process), the ``workers`` (Ray's actor processes) and Ray's ``daemons`` (raylet,
+GCS and helpers; their share grows with a round's wall time, since they also tick while idle).
 
 Last stdout line: {"local_s", "ray_s", "speedup", "ray_startup_s", "parallel_capacity", "local_cpu_s",
-"ray_cpu_s", "cpu_ratio", "speedup_bound", "rounds", "cpus", "workload",
+"ray_cpu_s", "cpu_ratio", "speedup_bound", "local_cpu_roles", "ray_cpu_roles", "rounds", "cpus", "workload",
 "federation": {"clients", "per_round", "round_s", "peak_rss_mb", "import_rss_mb", ...}}.
 """
 
@@ -125,15 +128,41 @@ def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
+ROLES = ("driver", "workers", "daemons")
+
+
+def role(pid: int) -> str:
+    """``driver`` (this process), ``workers`` (a Ray actor process: its name starts
+    ``ray::Worker``) or ``daemons`` (the rest of the tree: the raylet, GCS, Ray's helpers)."""
+    if pid == os.getpid():
+        return "driver"
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return "daemons"
+    return "workers" if name.startswith("ray::Worker") else "daemons"
+
+
+def cpu_by_role(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """:func:`cpu_between`, split by :func:`role`."""
+    split = dict.fromkeys(ROLES, 0.0)
+    for pid, cpu in after.items():
+        split[role(pid)] += max(0.0, cpu - before.get(pid, 0.0))
+    return split
+
+
 def cpu_observer() -> Any:
     """A round observer that records the CPU seconds of this process tree (driver, Ray workers
-    and daemons) during each round, in its ``rounds`` list."""
+    and daemons) during each round, in its ``rounds`` list, and split by :func:`role` in
+    ``roles``."""
     from fedsec.fl_core.history import RoundObserver
 
     class CPUPerRound(RoundObserver):
         def __init__(self) -> None:
             self.start: dict[int, float] | None = None
             self.rounds: list[float] = []
+            self.roles: list[dict[str, float]] = []
 
         def before_round(self, round_index: int) -> None:
             self.start = tree_cpu_seconds()
@@ -142,13 +171,15 @@ def cpu_observer() -> Any:
             end = tree_cpu_seconds()
             if self.start is not None and end is not None:
                 self.rounds.append(cpu_between(self.start, end))
+                self.roles.append(cpu_by_role(self.start, end))
 
     return CPUPerRound()
 
 
-def round_seconds(values: dict[str, Any]) -> tuple[list[float], float, list[float]]:
-    """Per-round seconds of one run, its wall time outside the rounds (start-up), and the CPU
-    seconds of the whole process tree in each round."""
+def round_seconds(values: dict[str, Any]
+                  ) -> tuple[list[float], float, list[float], list[dict[str, float]]]:
+    """Per-round seconds of one run, its wall time outside the rounds (start-up), the CPU
+    seconds of the whole process tree in each round, and the same split by :func:`role`."""
     from fedsec.config import make_config
     from fedsec.experiment import build_experiment
 
@@ -160,7 +191,14 @@ def round_seconds(values: dict[str, Any]) -> tuple[list[float], float, list[floa
     seconds = [r.seconds for r in result.records]
     if any(r.status != "ok" for r in result.records):
         raise RuntimeError(f"a round aborted: {[r.status for r in result.records]}")
-    return seconds, wall - sum(seconds), cpu.rounds
+    return seconds, wall - sum(seconds), cpu.rounds, cpu.roles
+
+
+def median_roles(rounds: list[dict[str, float]]) -> dict[str, float] | None:
+    """The median CPU seconds a round of each :func:`role`, or None without measurements."""
+    if not rounds:
+        return None
+    return {name: round(statistics.median(r[name] for r in rounds), 3) for name in ROLES}
 
 
 def federation(clients: int, rounds: int) -> dict[str, Any]:
@@ -212,9 +250,11 @@ def main() -> None:
     local_cpu: list[float] = []
     remote_cpu: list[float] = []
     startups: list[float] = []
+    roles: dict[str, list[dict[str, float]]] = {"local": [], "ray": []}
     for backend in ("local", "ray", "ray", "local"):  # ABBA: drift in the machine's load cancels
         log(f"speed: {backend} backend" + (f", {args.cpus} CPUs" if backend == "ray" else ""))
-        seconds, startup, cpu = round_seconds(speed if backend == "local" else ray_config)
+        seconds, startup, cpu, split = round_seconds(speed if backend == "local" else ray_config)
+        roles[backend].extend(split[1:])
         (local if backend == "local" else remote).extend(seconds)
         # the first round of a run warms caches and (on Ray) the workers' imports: left out
         (local_cpu if backend == "local" else remote_cpu).extend(cpu[1:])
@@ -233,6 +273,7 @@ def main() -> None:
           "ray_cpu_s": round(statistics.median(remote_cpu), 3) if remote_cpu else None,
           "cpu_ratio": round(cpu_ratio, 3) if cpu_ratio is not None else None,
           "speedup_bound": (round(min(args.cpus, capacity) / cpu_ratio, 2) if cpu_ratio else None),
+          "local_cpu_roles": median_roles(roles["local"]), "ray_cpu_roles": median_roles(roles["ray"]),
           "local_rounds": [round(s, 3) for s in local], "ray_rounds": [round(s, 3) for s in remote],
           "workload": "digits cnn, 50 clients, E=5, B=10, masking (complete), no DP",
           "federation": size, "machine_cpus": os.cpu_count()})

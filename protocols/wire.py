@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 from fedsec.protocols.errors import MalformedMessage
 
 MAX_LIST = 1 << 20
@@ -111,6 +112,12 @@ class Reader:
         """A count, then that many fixed-size records unpacked with ``layout``."""
         n = self.count()
         return list(layout.iter_unpack(self._take(n * layout.size))) if n else []
+
+    def record_array(self, dtype: np.dtype) -> np.ndarray:
+        """A count, then that many fixed-size records as a read-only structured array over the
+        message's bytes (no copy, no object per record): the bytes :meth:`records` reads."""
+        n = self.count()
+        return np.frombuffer(self._take(n * dtype.itemsize), dtype=dtype)
 
     def ids(self) -> tuple[int, ...]:
         n = self.count()

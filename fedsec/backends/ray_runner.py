@@ -9,8 +9,10 @@ What runs where:
   masking clients of a round (:class:`~protocols.masked.client.MaskedClient`: key agreement,
   Shamir sharing, the pairwise-mask expansion, unmasking answers).
 
-Each client's data goes to the object store once, when the run starts (``ray.put``); a round
-sends the global vector once (``ray.put``) and one task per sampled client.
+Each client's data goes to the object store once, when the run starts (``ray.put``), and from
+there to a worker once: each worker keeps the data of the clients it has trained. A round puts
+the global vector in the object store once (``ray.put``); it travels with each worker's first
+task of the round only, and the sampled clients go in runs of consecutive clients, one task each.
 
 Equal to the local backend (same seed, ``dp.reproducible = true``): the seeds of every client come
 from the driver's generator in the same order; the DP-SGD noise stream is one AES-CTR stream in
@@ -112,6 +114,11 @@ def stream_bytes(trainer: DPSGDTrainer, n: int, n_parameters: int) -> int:
     return 8 * steps * n + (16 * ((steps * n_parameters + 1) // 2) if noisy else 0)
 
 
+class MissingInput(RuntimeError):
+    """A training task reached a worker that lacks the round vector or a client's data: the task
+    that carried them failed before it ran (its data could not be fetched)."""
+
+
 class Worker:
     """One Ray actor: trains clients and hosts masking clients, one call at a time."""
 
@@ -121,6 +128,14 @@ class Worker:
         self.strategy: Strategy | None = None
         self.trainer: DPSGDTrainer | None = None
         self.rounds: dict[int, dict[int, MaskedClient]] = {}
+        self.data: dict[int, Any] = {}
+        """The training data of every client this worker has trained, by client id: each arrives
+        once (zero-copy views of the object store), not with every task."""
+        self.vector: np.ndarray | None = None
+        """The global vector of the round being trained: sent with this worker's first task of
+        the round only."""
+        self.vector_round = -1
+        """The runner's round number of ``vector``."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -129,13 +144,23 @@ class Worker:
         self.model, self.strategy = model, strategy
         self.trainer = find_dpsgd(strategy)
 
-    def update_many(self, vector: np.ndarray, data: Sequence[Any], seeds: Sequence[int],
-                    streams: Sequence[tuple[str, int] | None]
+    def update_many(self, round_number: int, vector: np.ndarray | None, clients: Sequence[int],
+                    seeds: Sequence[int], streams: Sequence[tuple[str, int] | None], fresh: Sequence[int],
+                    *data: Any
                     ) -> list[tuple[LocalResult | None, list[tuple[float, float, int]], int | None]]:
-        """:meth:`update` for consecutive clients (``data``: their object references), one after
-        another in this process, each from ``vector``."""
-        clients = ray.get(list(data))
-        return [self.update(vector, client, seed, stream)
+        """:meth:`update` for consecutive ``clients``, one after another in this process, each from
+        the global vector of the runner's round ``round_number``: ``vector`` when given (this
+        worker's first task of a round; kept for the next ones), else the one kept, which must be
+        that round's (never an older one). ``data`` are the training sets of the clients ``fresh``
+        (those this worker has not held before: Ray resolves them from the object store before the
+        call), kept for later rounds."""
+        if vector is not None:
+            self.vector, self.vector_round = vector, round_number
+        self.data.update(zip(fresh, data, strict=True))
+        if (self.vector is None or self.vector_round != round_number
+                or any(client not in self.data for client in clients)):
+            raise MissingInput("this round's vector or a client's data never reached this worker")
+        return [self.update(self.vector, self.data[client], seed, stream)
                 for client, seed, stream in zip(clients, seeds, streams, strict=True)]
 
     def update(self, vector: np.ndarray, data: Any, seed: int, stream: tuple[str, int] | None
@@ -197,7 +222,11 @@ class WorkerPool:
         self.cpus_per_worker, self.workers = float(cpus_per_worker), workers
         self._actors: list[Any] = []
         self._setup: tuple[Any, Any] | None = None
-        self._cls = ray.remote(num_cpus=self.cpus_per_worker, max_restarts=0, max_task_retries=0)(Worker)
+        options = {"num_cpus": self.cpus_per_worker, "max_restarts": 0, "max_task_retries": 0}
+        try:  # no task events: Ray's dashboard bookkeeping of every call, nobody reads it here
+            self._cls = ray.remote(**options, enable_task_events=False)(Worker)
+        except ValueError:  # a Ray before 2.12 has no such option
+            self._cls = ray.remote(**options)(Worker)
         ray.util.register_serializer(SecureRandom, serializer=_drop_stream, deserializer=_fresh_stream)
 
     def size(self) -> int:
@@ -259,6 +288,16 @@ class RayClientRunner(ClientRunner):
         """Training tasks sent to the workers so far (fewer than the clients when runs form)."""
         self.redone = 0
         """Tasks re-run because their stream position was mispredicted (0 when it never is)."""
+        self.data_sent = 0
+        """Client data sets sent to workers so far (each worker gets a client's data once)."""
+        self.vectors_sent = 0
+        """Global vectors sent to workers so far (once a round to each worker that trains)."""
+        self._round = 0
+        """Rounds run so far: names the vector each task must train from."""
+        self._sent: dict[int, tuple[Any, set[int], Any]] = {}
+        """What each live worker was sent (by ``id`` of its handle: the handle, the clients whose
+        data it holds, the reference of the last round vector it got); a fresh worker starts
+        with nothing."""
 
     def start(self, *, model: nn.Module, strategy: Strategy, data: FederatedDataset) -> None:
         self._data = [ray.put(client) for client in data.clients]
@@ -269,12 +308,13 @@ class RayClientRunner(ClientRunner):
 
     def stop(self) -> None:
         self.pool.shutdown()
-        self._data = []
+        self._data, self._sent = [], {}
 
     def run(self, vector: np.ndarray, tasks: Sequence[ClientTask]) -> Iterator[Outcome]:
         if not self._data:
             raise RuntimeError("RayClientRunner.run before start")
         vector_ref = ray.put(vector)
+        self._round += 1
         stream = self._stream()
         results: list[Any] = [None] * len(tasks)
         first, position = 0, (stream[1] if stream is not None else 0)
@@ -341,8 +381,7 @@ class RayClientRunner(ClientRunner):
                 slot, run = free.pop(0), range(first, min(first + size, len(tasks)))
                 first, actor = run.stop, actors[slot]
                 streams = [None if plan is None else plan[i][:2] for i in run]
-                ref = actor.update_many.remote(vector_ref, [self._data[tasks[i].client_id] for i in run],
-                                               [tasks[i].seed for i in run], streams)
+                ref = self._submit(actor, vector_ref, [tasks[i] for i in run], streams)
                 running[ref] = (run, slot, actor)
                 self.tasks_sent += 1
             done, _ = ray.wait(list(running), num_returns=1)
@@ -352,17 +391,39 @@ class RayClientRunner(ClientRunner):
                     results[run.start:run.stop] = ray.get(ref)
                 except LOST_ERRORS as error:
                     results[run.start:run.stop] = [f"lost: {type(error).__name__}"] * len(run)
+                    self._sent.pop(id(actor), None)
                     if self.pool.actors()[slot] is actor:  # the first of its tasks to report
                         self.pool.replace(slot)
                         actors = self.pool.actors()
                 except ray.exceptions.RayTaskError as error:
                     cause = error.as_instanceof_cause()
-                    if not isinstance(cause, LOST_ERRORS):
+                    if not isinstance(cause, LOST_ERRORS + (MissingInput,)):
                         raise cause from None
-                    # the worker lives, but a client's data could not be fetched (a node lost)
+                    # the worker lives, but a client's data could not be fetched (a node lost), or a
+                    # task before this one that carried what it needs failed so: send all again
                     results[run.start:run.stop] = [f"lost: {type(error.cause).__name__}"] * len(run)
+                    self._sent.pop(id(actor), None)
                 free.append(slot)
         return results
+
+    def _submit(self, actor: Any, vector_ref: Any, tasks: Sequence[ClientTask],
+                streams: list[tuple[str, int] | None]) -> Any:
+        """Send one run of clients to ``actor``, with the round's vector if it has
+        not had it yet and the data of the clients it has not held yet (each as a top-level
+        argument, so Ray fetches it before the call and the worker keeps it)."""
+        clients = [task.client_id for task in tasks]
+        sent = self._sent.get(id(actor))
+        if sent is None or sent[0] is not actor:
+            sent = self._sent[id(actor)] = (actor, set(), None)
+        _, held, last = sent
+        fresh = [c for c in dict.fromkeys(clients) if c not in held]
+        held.update(fresh)
+        vector = None if last is vector_ref else vector_ref
+        self._sent[id(actor)] = (actor, held, vector_ref)
+        self.data_sent += len(fresh)
+        self.vectors_sent += vector is not None
+        return actor.update_many.remote(self._round, vector, clients, [task.seed for task in tasks], streams,
+                                        fresh, *(self._data[c] for c in fresh))
 
 
 class RayClientExecutor(ClientExecutor):

@@ -28,7 +28,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ import grpc
 
 from fedsec.config import ExperimentConfig
 from fedsec.network import envelope
+from fedsec.network.framing import Payload
 from fedsec.network.mailbox import Mailboxes
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.pki import Peer, Trust
@@ -45,6 +46,24 @@ from fedsec.secagg.keys import SigningKey
 
 POLL_WAIT = 2.0
 """Seconds a ``poll`` call is held open when the site has no job."""
+
+
+@dataclass
+class Bundle:
+    """Jobs that travel with the first stage of the next aggregation (one call instead of two).
+
+    ``jobs``: ``{site: (header, body)}`` of ``kind`` (``train`` or ``evaluate``). The next
+    :meth:`Hub.exchange` given this bundle sends each of its sites that site's job as the ``first``
+    job of the stage's ``layer`` job (see :class:`fedsec.network.site.SiteJobs`) and then calls
+    ``done(answers, refusals)`` with the answers that said ``ok`` (``{site: (header, body)}``: the
+    first job and the stage both done) and the refusals' reasons (``{site: reason}``); ``sent`` is
+    True from then on.
+    """
+
+    kind: str
+    jobs: Mapping[str, tuple[dict[str, Any], bytes]]
+    done: Callable[[dict[str, tuple[dict[str, Any], bytes]], dict[str, str]], None]
+    sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +176,8 @@ class Hub:
         self.key_path: Path | None = None
         """This coordinator's identity key and certificate and TLS key files, for a layer that dials
         another party (the Paillier key holder); set by ``fedsec serve``."""
+        self.bundle: Bundle | None = None
+        """Jobs for the next ``layer`` exchange to carry (set by the round, taken by :meth:`take_bundle`)."""
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
                                           handler=self.handle, roster=frozenset(self.names), roles=("site",),
@@ -239,6 +260,7 @@ class Hub:
             reply = following[1] if following is not None else envelope.encode({"kind": "wait"})
         else:
             raise ValueError(f"unknown topic {topic!r}")
+        reply = Payload(reply)  # hashed once: for the audit row, then for the framing
         self.audit.received_then_sent(peer.name, topic, payload, reply, round=round_index)
         return reply
 
@@ -275,6 +297,11 @@ class Hub:
                                   "n_test": info.n_test})
         return envelope.encode({"client_id": info.client_id, "head": self.audit.head()})
 
+    def take_bundle(self) -> Bundle | None:
+        """The bundle waiting for the next ``layer`` exchange (then none waits)."""
+        bundle, self.bundle = self.bundle, None
+        return bundle
+
     def job(self, kind: str, round_index: int | None, header: dict[str, Any] | None = None,
             body: bytes = b"") -> tuple[int, bytes]:
         """A new job (its id and payload) of ``kind`` for ``round_index``."""
@@ -284,12 +311,22 @@ class Hub:
                                        body)
 
     def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
-                 deadline: float) -> dict[str, tuple[dict[str, Any], bytes]]:
+                 deadline: float, *, first: Bundle | None = None) -> dict[str, tuple[dict[str, Any], bytes]]:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
-        that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded)."""
+        that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded).
+        With ``first`` (a ``layer`` exchange), each of its sites gets its first job bundled with
+        its stage message (see :class:`Bundle`)."""
         present = {name: job for name, job in jobs.items() if name in self.sites and name not in self.absent}
         joins = dict(self.joins)
-        posted = {name: self.job(kind, round_index, header, body) for name, (header, body) in present.items()}
+        posted = {}
+        for name, (header, body) in present.items():
+            if first is not None and name in first.jobs:
+                first_header, first_body = first.jobs[name]
+                header = {**header, "first": {"kind": first.kind, "round": round_index, **first_header},
+                          "first_size": len(first_body)}
+                body = first_body + body
+            posted[name] = self.job(kind, round_index, header, body)
+        stage = kind if first is None else f"{first.kind}+{kind}"
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.refusals = {}
@@ -298,7 +335,7 @@ class Hub:
                 reason = "no answer before the deadline" if name in posted else "not connected"
                 if name in posted and self.joins.get(name) == joins.get(name):
                     self.absent.add(name)  # not if it reconnected meanwhile (its job was withdrawn)
-                self.audit.event("dropout", round=round_index, stage=kind,
+                self.audit.event("dropout", round=round_index, stage=stage,
                                  details={"site": name, "reason": reason})
                 continue
             try:
@@ -308,10 +345,14 @@ class Hub:
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
                 self.refusals[name] = reason
-                self.audit.event("dropout", round=round_index, stage=kind,
+                self.audit.event("dropout", round=round_index, stage=stage,
                                  details={"site": name, "reason": reason})
                 continue
             good[name] = (header, body)
+        if first is not None:
+            first.sent = True
+            first.done({name: answer for name, answer in good.items() if name in first.jobs},
+                       dict(self.refusals))
         return good
 
     def finish(self, summary: dict[str, Any]) -> None:

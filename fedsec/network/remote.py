@@ -33,7 +33,7 @@ from fedsec.fl_core.federated_eval import FederatedEvaluator, sum_evaluations, s
 from fedsec.fl_core.parameters import get_vector
 from fedsec.fl_core.standardize import MIN_STD
 from fedsec.network.client_noise import noise_rule
-from fedsec.network.coordinator import Hub
+from fedsec.network.coordinator import Bundle, Hub
 from fedsec.network.envelope import vector_bytes
 from fedsec.network.layers.base import CoordinatorLayer
 from fedsec.network.party_audit import identity_fingerprint
@@ -97,6 +97,9 @@ class RemoteRound(AggregationProtocol):
         the sites, by the rule of :mod:`fedsec.network.client_noise`."""
         self.noise_multiplier: float | None = None
         """The calibrated noise multiplier the sites were sent (client-level DP)."""
+        self.first: Bundle | None = None
+        """Jobs the next aggregation's first stage carries (the evaluation's, set by
+        :class:`RemoteEvaluator`); taken by :meth:`aggregate`."""
 
     @property
     def max_weight(self) -> int:
@@ -119,33 +122,65 @@ class RemoteRound(AggregationProtocol):
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         self.hub.round = round_index
+        bundle, self.first = self.first, None
         if purpose == "update":
             ids = [int(u.client_id) for u in updates]
             self.replayed = set()
-            trained = self._train(round_index, ids)
-            # a site refusing a round whose update it already put into an aggregation (a resumed
-            # coordinator re-running it) released that round: its ledger is charged for it
-            self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | self.replayed)])
-            if self.replayed and self.on_released is not None:  # charged even if the re-run aborts
-                self.on_released(round_index)
-            updates = [u for u in updates if int(u.client_id) in trained]
-            if not updates:
-                raise ProtocolAbort("no site trained before the deadline")
+            if self.sequential_noise or not self.layer.bundles_first_job:
+                trained = self._train(round_index, ids)
+                self._charge(round_index, trained)
+                updates = [u for u in updates if int(u.client_id) in trained]
+                if not updates:
+                    raise ProtocolAbort("no site trained before the deadline")
+            else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
+                bundle = self._training_bundle(round_index, ids)
         noisy = purpose == "update" and self.client_noise is not None
         if noisy:
             if not hasattr(self.layer, "client_noise") or self.noise_multiplier is None:
                 raise ProtocolAbort(f"the {self.layer.name} layer carries no client-level noise")
             rule = noise_rule(self.layer.context.config, self.noise_multiplier, int(updates[0].vector.size))
             self.layer.client_noise = (rule, self.client_noise.random)
+        self.hub.bundle = bundle
         try:
             return self.layer.aggregate(round_index, updates, purpose=purpose)
         except ProtocolAbort as abort:
             self.hub.audit.event("abort", round=round_index, stage=purpose, details={"reason": str(abort)})
             raise
         finally:
+            if bundle is not None:
+                self.hub.bundle = None
+                if not bundle.sent:  # the layer ended before its first stage: no site got the jobs
+                    bundle.done({}, {})
             if noisy:
                 self.layer.client_noise = None
             self._record(round_index, purpose)
+
+    def _charge(self, round_index: int, trained: set[int]) -> None:
+        """The sites that trained (or refused as ``rounds.replayed``: a resumed coordinator's re-run
+        of a round they already released) are charged in their ledgers; a replayed round in the run's."""
+        self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | self.replayed)])
+        if self.replayed and self.on_released is not None:  # charged even if the re-run aborts
+            self.on_released(round_index)
+
+    def _train_jobs(self, round_index: int, ids: list[int]) -> dict[int, tuple[dict[str, Any], bytes]]:
+        assert self.strategy.vector is not None
+        body = vector_bytes(self.strategy.vector)
+        head = self.hub.audit.head()  # one read for all: every row before it is on disk
+        return {c: ({"rng": self.strategy.pending[c], "head": head,
+                     "noise_multiplier": self.hub.noise_multiplier}, body) for c in ids}
+
+    def _training_bundle(self, round_index: int, ids: list[int]) -> Bundle:
+        """The round's ``train`` jobs as a bundle for the layer's first stage; once answered, the
+        sites that trained are acknowledged and charged as after a ``train`` exchange."""
+        names = self.hub.names
+        jobs = self._train_jobs(round_index, ids)
+
+        def done(answers: dict[str, tuple[dict[str, Any], bytes]], refusals: dict[str, str]) -> None:
+            self.replayed |= {c for c in ids if refusals.get(names[c]) == "rounds.replayed"}
+            self._ack(round_index, answers)
+            self._charge(round_index, {c for c in ids if names[c] in answers})
+
+        return Bundle("train", {names[c]: jobs[c] for c in ids}, done)
 
     def _record(self, round_index: int, purpose: str) -> None:
         """Dropouts and misbehaviour the layer saw, in the audit log."""
@@ -158,11 +193,8 @@ class RemoteRound(AggregationProtocol):
                                  details={"site": names[c], "reason": why})
 
     def _train(self, round_index: int, ids: list[int]) -> set[int]:
-        assert self.strategy.vector is not None
-        body = vector_bytes(self.strategy.vector)
         names = self.hub.names
-        jobs = {c: ({"rng": self.strategy.pending[c], "head": self.hub.audit.head(),
-                     "noise_multiplier": self.hub.noise_multiplier}, body) for c in ids}
+        jobs = self._train_jobs(round_index, ids)
         done: set[int] = set()
         if not self.sequential_noise:
             answers = self.hub.exchange("train", round_index, {names[c]: jobs[c] for c in ids}, self.deadline)
@@ -171,7 +203,7 @@ class RemoteRound(AggregationProtocol):
             self._ack(round_index, answers)
             return done
         for c in ids:
-            header, _ = jobs[c]
+            header, body = jobs[c]
             job = {names[c]: ({**header, "noise": self.noise_offset}, body)}
             answers = self.hub.exchange("train", round_index, job, self.deadline)
             self._replayed([c])
@@ -208,17 +240,29 @@ class RemoteEvaluator(FederatedEvaluator):
 
     def evaluate_sites(self, model: nn.Module, tests: Sequence[ArrayDataset], *,
                        round_index: int) -> dict[str, float]:
-        names = self.hub.names
+        names, hub = self.hub.names, self.hub
         body = vector_bytes(get_vector(model))
-        answers = self.hub.exchange("evaluate", round_index, {n: ({}, body) for n in self.hub.sites},
-                                    self.deadline)
         length = sums_length(self.n_classes)
+        protocol = self.protocol
+        if isinstance(protocol, RemoteRound) and protocol.layer.bundles_first_job:
+            # the evaluate jobs travel with the sum's first stage: a site that fails one drops out there
+            present = [n for n in names if n in hub.sites and n not in hub.absent]
+            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present},
+                                    lambda answers, refusals: None)
+            answered = set(present)
+        else:
+            answered = set(hub.exchange("evaluate", round_index, {n: ({}, body) for n in hub.sites},
+                                        self.deadline))
         updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0)
-                   for k, n in enumerate(names) if n in answers]
+                   for k, n in enumerate(names) if n in answered]
         # one attempt: a site contributes its evaluation vector to one aggregation only (a retry
         # would be refused), so an aborted evaluation leaves the round's metrics blank
-        return sum_evaluations(self.protocol, round_index, updates, n_classes=self.n_classes,
-                               max_error=self.max_error, attempts=1)
+        try:
+            return sum_evaluations(self.protocol, round_index, updates, n_classes=self.n_classes,
+                                   max_error=self.max_error, attempts=1)
+        finally:
+            if isinstance(protocol, RemoteRound):
+                protocol.first = None
 
 
 def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, deadline: float,

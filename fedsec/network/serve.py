@@ -110,7 +110,8 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
 
     def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         answers = hub.exchange("layer", hub.round, {hub.names[c]: ({"stage": stage}, m)
-                                                   for c, m in messages.items()}, deadline)
+                                                   for c, m in messages.items()}, deadline,
+                               first=hub.take_bundle())
         return {hub.names.index(n): body for n, (_, body) in answers.items()}
 
     def protocol(config: ExperimentConfig, data: fl_core.FederatedDataset,

@@ -47,6 +47,7 @@ from fedsec.config import ExperimentConfig, loads_config
 from fedsec.errors import ConfigError
 from fedsec.network import envelope
 from fedsec.network.errors import PeerRejected, PolicyRefused
+from fedsec.network.framing import Payload
 from fedsec.network.layers import LAYERS, SiteContext, SiteLayer, split_first
 from fedsec.network.ledger import EpsilonLedger
 from fedsec.network.party_audit import PartyAudit, identity_fingerprint
@@ -133,6 +134,7 @@ class Site:
         """One call, redialling for up to :data:`RETRY_SECONDS` while the coordinator is
         unreachable; recorded in the audit log (both messages)."""
         end = time.monotonic() + RETRY_SECONDS
+        payload = Payload(payload)  # hashed once: for the framing, then for the audit row
         while True:
             try:
                 reply = self.client.call(topic, payload, deadline=deadline)
@@ -253,8 +255,7 @@ class Site:
         context = SiteContext(config=config, name=self.name, client_id=self.work.client_id,
                               names=tuple(config.federation.sites), identity=self.identity, trust=self.trust,
                               sessions=state, state=self.paths.state, policy=self.policy)
-        layer: SiteLayer | None = None
-        site_layer = LAYERS[config.secure.aggregation][1]
+        jobs = SiteJobs(self, context=context, sha=sha, state=state)
         following: bytes | None = None
         assert self.audit is not None
         while True:
@@ -275,59 +276,134 @@ class Site:
                 self.say(f"the run is over: {header.get('summary')}")
                 self._event("run_finished", {"summary": header.get("summary")})
                 return EXIT_OK
-            answer: dict[str, Any] = {"job": job, "ok": True}
-            out = b""
             try:
-                if kind == "layer":
-                    if body[:len(envelope.MAGIC)] == envelope.MAGIC:
-                        setup, body = split_first(body)
-                        vector, weight = self.work.contribution(setup.get("purpose"), setup.get("round"))
-                        layer = site_layer(context, setup=setup, vector=vector, weight=weight)
-                    if layer is None:
-                        raise ClientAbort("a stage message without a setup")
-                    out = layer.handle(str(header.get("stage")), body) or b""
-                    if layer.closed:  # its last stage answered: a later stage needs a new setup
-                        layer = None
-                elif kind == "train":
-                    if self.work.strategy is None:
-                        try:
-                            self.work.start(noise_multiplier=header.get("noise_multiplier"))
-                        except PolicyRefused as refusal:
-                            self.say(f"refused: {refusal.rule}: {refusal}")
-                            self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
-                            self.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
-                            return EXIT_REFUSED
-                        context.client_noise = self.work.client_noise
-                        if self.work.privacy is not None:  # a restarted site: the rounds it trained
-                            for done in state.contributed(sha):
-                                self.work.privacy.budget.charge(done)
-                    self._ack(header.get("head"), round_index)
-                    train_round = envelope.field(header, "round", int)
-                    again = train_round in state.contributed(sha)
-                    count = state.contribute(sha, train_round, max_rounds=config.rounds)
-                    answer.update(self.work.train(header, body))
-                    self._event("contribution", {"count": count, **({"retrain": True} if again else {})},
-                                round_index)
-                    if self.work.epsilon is not None:
-                        self._event("epsilon", {"epsilon": self.work.epsilon}, round_index)
-                    answer["head"] = self.audit.head()
-                elif kind in ("evaluate", "moments", "standardize"):
-                    getattr(self.work, kind)(header, body)
-                else:
-                    raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
-            except ClientAbort as abort:
-                answer = {"job": job, "ok": False, "reason": abort.reason}
-                layer = None
-                self._event("abort", {"kind": kind, "reason": abort.reason}, round_index)
-            except PolicyRefused as refusal:
-                answer = {"job": job, "ok": False, "reason": refusal.rule}
-                self._event("job_refused", {"kind": kind, "rule": refusal.rule}, round_index)
-            except (ValueError, ArithmeticError, RuntimeError) as error:  # e.g. torch on a crafted job
-                answer = {"job": job, "ok": False, "reason": type(error).__name__}
-                self._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
+                answer, out = jobs.run(job, header, body, round_index)
+            except Leave as leave:
+                return leave.code
             # the reply to an answer is the next job (or "wait"): one call per stage
             following = self.call("answer", envelope.encode(answer, out), round_index=round_index,
                                   deadline=self.poll_wait + 30.0)
+
+
+class Leave(Exception):
+    """The site leaves the run with exit code ``code`` (a refusal it already sent and recorded)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class SiteJobs:
+    """What a site does with one job (``run``): the code of ``fedsec join`` for every job kind.
+
+    A ``layer`` job may carry a *bundled first job* (``header["first"]``, a ``train`` or
+    ``evaluate`` job's header, whose body is the first ``header["first_size"]`` bytes of the job's
+    body): the coordinator sends the job that makes a contribution together with the first stage
+    of the aggregation that sums it, one call instead of two. The site runs it exactly as the two
+    jobs one after the other (the first job, then the stage, through the same code, with the same
+    checks and records); if the first job is refused the stage is not run and the answer is that
+    refusal. The answer carries both parts' fields (the training's ``head``) and the stage's reply.
+    """
+
+    BUNDLED = ("train", "evaluate")
+    """Job kinds a ``layer`` job may carry as its first job."""
+
+    def __init__(self, site: Site, *, context: SiteContext, sha: str, state: SiteState) -> None:
+        self.site, self.context, self.sha, self.state = site, context, sha, state
+        self.layer: SiteLayer | None = None
+        self.site_layer = LAYERS[context.config.secure.aggregation][1]
+
+    def run(self, job: int, header: dict[str, Any], body: bytes,
+            round_index: int | None) -> tuple[dict[str, Any], bytes]:
+        """The answer (header fields, body) to one job; raises :class:`Leave` when the site leaves."""
+        kind = header.get("kind")
+        answer: dict[str, Any] = {"job": job, "ok": True}
+        out = b""
+        try:
+            if kind == "layer" and "first" in header:
+                first, first_body, body = bundled(header, body)
+                kind = first["kind"]
+                answer.update(self.work(kind, {**first, "job": job}, first_body, round_index))
+                kind = "layer"
+            fields, out = self.one(kind, header, body, round_index)
+            answer.update(fields)
+        except ClientAbort as abort:
+            answer, out = {"job": job, "ok": False, "reason": abort.reason}, b""
+            self.layer = None
+            self.site._event("abort", {"kind": kind, "reason": abort.reason}, round_index)
+        except PolicyRefused as refusal:
+            answer, out = {"job": job, "ok": False, "reason": refusal.rule}, b""
+            self.site._event("job_refused", {"kind": kind, "rule": refusal.rule}, round_index)
+        except (ValueError, ArithmeticError, RuntimeError) as error:  # e.g. torch on a crafted job
+            answer, out = {"job": job, "ok": False, "reason": type(error).__name__}, b""
+            self.site._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
+        return answer, out
+
+    def one(self, kind: Any, header: dict[str, Any], body: bytes,
+            round_index: int | None) -> tuple[dict[str, Any], bytes]:
+        """One job of ``kind`` (no bundle): the answer's extra fields and its body."""
+        if kind == "layer":
+            if body[:len(envelope.MAGIC)] == envelope.MAGIC:
+                setup, body = split_first(body)
+                vector, weight = self.site.work.contribution(setup.get("purpose"), setup.get("round"))
+                self.layer = self.site_layer(self.context, setup=setup, vector=vector, weight=weight)
+            if self.layer is None:
+                raise ClientAbort("a stage message without a setup")
+            out = self.layer.handle(str(header.get("stage")), body) or b""
+            if self.layer.closed:  # its last stage answered: a later stage needs a new setup
+                self.layer = None
+            return {}, out
+        return self.work(kind, header, body, round_index), b""
+
+    def work(self, kind: Any, header: dict[str, Any], body: bytes,
+             round_index: int | None) -> dict[str, Any]:
+        """A ``train``, ``evaluate``, ``moments`` or ``standardize`` job: the answer's extra fields."""
+        site, state, sha = self.site, self.state, self.sha
+        work = site.work
+        assert site.audit is not None
+        if kind == "train":
+            config = self.context.config
+            if work.strategy is None:
+                try:
+                    work.start(noise_multiplier=header.get("noise_multiplier"))
+                except PolicyRefused as refusal:
+                    site.say(f"refused: {refusal.rule}: {refusal}")
+                    site._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
+                    site.call("refuse", envelope.encode({"sha256": sha, "rule": refusal.rule}))
+                    raise Leave(EXIT_REFUSED) from None
+                self.context.client_noise = work.client_noise
+                if work.privacy is not None:  # a restarted site: the rounds it trained
+                    for done in state.contributed(sha):
+                        work.privacy.budget.charge(done)
+            site._ack(header.get("head"), round_index)
+            train_round = envelope.field(header, "round", int)
+            again = train_round in state.contributed(sha)
+            count = state.contribute(sha, train_round, max_rounds=config.rounds)
+            answer = work.train(header, body)
+            site._event("contribution", {"count": count, **({"retrain": True} if again else {})},
+                        round_index)
+            if work.epsilon is not None:
+                site._event("epsilon", {"epsilon": work.epsilon}, round_index)
+            answer["head"] = site.audit.head()
+            return answer
+        if kind in ("evaluate", "moments", "standardize"):
+            getattr(work, kind)(header, body)
+            return {}
+        raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
+
+
+def bundled(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
+    """``(first job's header, its body, the stage's body)`` of a ``layer`` job carrying a first job
+    (see :class:`SiteJobs`); ``MalformedEnvelope`` for a first job that is not a JSON object of a
+    kind in :attr:`SiteJobs.BUNDLED` whose round is the job's, or a size outside the body."""
+    first, size = header.get("first"), header.get("first_size")
+    if not isinstance(first, dict) or first.get("kind") not in SiteJobs.BUNDLED:
+        raise envelope.MalformedEnvelope("a bundled first job must be a train or evaluate job")
+    if first.get("round") != header.get("round") or "job" in first:
+        raise envelope.MalformedEnvelope("a bundled first job names another round or job")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(body):
+        raise envelope.MalformedEnvelope("a bundled first job's size is outside the job's body")
+    return first, body[:size], body[size:]
 
 
 def _terminate(signum: int, frame: Any) -> None:

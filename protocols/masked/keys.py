@@ -11,6 +11,7 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
+import numpy as np
 from fedsec.secagg import keys as crypto
 
 COMMITMENT_BYTES = 32
@@ -69,6 +70,7 @@ class ShareHasher:
     def __init__(self, session: bytes, round_index: int) -> None:
         self.session, self.round_index = session, round_index
         self._prefixes: dict[int, bytes] = {}
+        self._common: np.ndarray | None = None
 
     def digest(self, owner: int, x: int, kind: int, share: bytes) -> bytes:
         """Equal to ``share_hash(session, round_index, owner, x, kind, share)``."""
@@ -84,6 +86,33 @@ class ShareHasher:
         prefixes, tail, sha256, one = self._prefixes, self._TAIL.pack, hashlib.sha256, self.digest
         return b"".join([sha256(prefixes[o] + tail(x, k) + s).digest() if o in prefixes else one(o, x, k, s)
                          for o, x, k, s in zip(owners, xs, kinds, shares, strict=True)])
+
+
+    def digest_rows(self, owners: np.ndarray, xs: np.ndarray, kinds: np.ndarray,
+                    shares: np.ndarray) -> np.ndarray:
+        """The digests of many shares as a (n, 32) uint8 array, row i equal to
+        ``share_hash(session, round_index, owners[i], xs[i], kinds[i], shares[i].tobytes())``.
+
+        Args:
+            owners, xs, kinds: n non-negative integers each (< 2^64).
+            shares: (n, SHARE_BYTES) uint8, the serialised shares.
+        """
+        n = len(owners)
+        common = self._common
+        if common is None:  # label, session, round, party count: the same for every share
+            common = self._common = np.frombuffer(b"fedsec/secagg/v1/share" + crypto.context_bytes(
+                self.session, self.round_index, 0, 0, 0)[:-24], dtype=np.uint8)
+        width = common.size + 24 + shares.shape[1]
+        rows = np.empty((n, width), dtype=np.uint8)
+        rows[:, :common.size] = common
+        at = common.size
+        for column in (owners, xs, kinds):
+            rows[:, at:at + 8] = np.asarray(column).astype(">u8").view(np.uint8).reshape(n, 8)
+            at += 8
+        rows[:, at:] = shares
+        data, sha256 = memoryview(rows.tobytes()), hashlib.sha256
+        digests = b"".join([sha256(data[i:i + width]).digest() for i in range(0, n * width, width)])
+        return np.frombuffer(digests, dtype=np.uint8).reshape(n, COMMITMENT_BYTES)
 
 
 def commitment_digest(hashes: bytes) -> bytes:

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 from fedsec.protocols.errors import MalformedMessage
 from fedsec.protocols.masked.keys import COMMITMENT_BYTES
 from fedsec.protocols.wire import Reader, Writer
@@ -300,6 +301,58 @@ class UnmaskResponse:
         if any(which not in (SHARE_OF_SEED, SHARE_OF_MASK_KEY) for _, which, _ in shares):
             raise MalformedMessage("unknown share kind")
         return cls(shares)
+
+
+SEALED_ROW = np.dtype([("peer", ">u8"), ("bundle", f"V{SEALED_BYTES}")])
+"""One ShareKeys / ForwardedShares record as the wire lays it out (``_SEALED``): peer id, bundle."""
+
+
+@dataclass(frozen=True, eq=False)
+class SharedBundles:
+    """The server's reading of a :class:`ShareKeys`: the same bytes, refused for the same reasons,
+    with the sealed bundles as one structured array (``SEALED_ROW``; ``peer`` is the recipient)
+    instead of one tuple per bundle."""
+
+    KIND: ClassVar[int] = ShareKeys.KIND
+    rows: np.ndarray
+    commitments: bytes
+
+    @classmethod
+    def read(cls, r: Reader) -> SharedBundles:
+        rows = r.record_array(SEALED_ROW)
+        commitments = bytes(r.view())
+        if len(commitments) % (SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES):
+            raise MalformedMessage("share commitments are not whole hashes")
+        return cls(rows, commitments)
+
+
+_SHARE_ROW = np.dtype([("owner", ">u8"), ("kind", "u1"), ("share", "u1", (SHARE_BYTES,))])
+"""One UnmaskResponse record as the wire lays it out (``_SHARE``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class UnmaskShares:
+    """The server's reading of an :class:`UnmaskResponse`: the same bytes, refused for the same
+    reasons, read as arrays instead of one tuple per share.
+
+    Attributes:
+        owners: the owner of each share (uint64), in message order.
+        kinds: which secret (int64, SHARE_OF_SEED or SHARE_OF_MASK_KEY).
+        shares: the serialised shares, one row of SHARE_BYTES (uint8) each.
+    """
+
+    KIND: ClassVar[int] = UnmaskResponse.KIND
+    owners: np.ndarray
+    kinds: np.ndarray
+    shares: np.ndarray
+
+    @classmethod
+    def read(cls, r: Reader) -> UnmaskShares:
+        rows = r.record_array(_SHARE_ROW)
+        kinds = rows["kind"].astype(np.int64)
+        if kinds.size and int(kinds.max()) > SHARE_OF_MASK_KEY:  # kinds are unsigned: >= SEED
+            raise MalformedMessage("unknown share kind")
+        return cls(rows["owner"].astype(np.uint64), kinds, rows["share"])
 
 
 def params_digest(params: SessionParams) -> bytes:

@@ -26,7 +26,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
@@ -49,9 +48,18 @@ from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
-from fedsec.secagg.prg import accumulate_masks
+from fedsec.secagg.prg import MaskSum
 
-_PRIME_BYTES = shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big")
+_PRIME_BYTES = np.frombuffer(shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big"), dtype=np.uint8)
+
+
+def _at_least_prime(points: np.ndarray) -> np.ndarray:
+    """For (n, SHARE_BYTES) uint8 rows of big-endian integers: which are >= the field prime (the
+    first byte that differs from the prime's decides; none differs: equal)."""
+    differs = points != _PRIME_BYTES
+    first = differs.argmax(axis=1)
+    above = points[np.arange(points.shape[0]), first] > _PRIME_BYTES[first]
+    return ~differs.any(axis=1) | above
 
 
 @dataclass
@@ -167,11 +175,14 @@ class _AdvertiseKeys(_Stage):
 
 
 class _ShareKeys(_Stage):
-    expects, name = m.ShareKeys, "share keys"
+    expects, name = m.SharedBundles, "share keys"
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
         super().__init__(r, members)
-        self.recipients: dict[int, list[int]] = {}
+        self.keyed = np.zeros(len(r.graph.ring), dtype=bool)
+        """Flags by ring index: the clients whose key entries were accepted."""
+        self.keyed[r.graph.positions(np.array(sorted(r.keys), dtype=np.uint64))] = True
+        self.ring = np.array(r.graph.ring, dtype=np.uint64)
 
     def outgoing(self) -> dict[int, bytes]:
         keys, graph = self.r.keys, self.r.graph
@@ -180,23 +191,24 @@ class _ShareKeys(_Stage):
                                   bodies.body([c, *(v for v in graph.neighbours(c) if v in keys)]))
                 for c in self.members}
 
-    def accept(self, sender: int, body: m.ShareKeys) -> None:
-        recipients = [v for v, _ in body.sealed]
-        expected = {v for v in self.r.graph.neighbours(sender) if v in self.r.keys}
-        if len(set(recipients)) != len(recipients) or set(recipients) != expected:
+    def accept(self, sender: int, body: m.SharedBundles) -> None:
+        graph = self.r.graph
+        # Exactly the neighbours in ``keys``, each once (they are distinct: compare sorted).
+        around = graph.neighbour_positions(np.array([graph.position(sender)]))[0]
+        expected = np.sort(self.ring[around[self.keyed[around]]])
+        recipients = body.rows["peer"]
+        if recipients.size != expected.size or not np.array_equal(np.sort(recipients), expected):
             raise MalformedMessage("share bundles are not addressed to exactly the neighbours")
         size = m.SHARE_HASHES_PER_HOLDER * COMMITMENT_BYTES * self.r.graph.degree
         if (len(body.commitments) != size
                 or commitment_digest(body.commitments) != self.r.keys[sender].commitment):
             raise MalformedMessage("share commitments do not match the advertised digest")
-        self.recipients[sender] = recipients
 
     def close(self) -> _Stage:
         router = BundleRouter(self.r.graph)
         for c in sorted(self.answers):
             body = self.answers[c]
-            router.add(c, np.array(self.recipients[c], dtype=np.uint64),
-                       b"".join([blob for _, blob in body.sealed]))
+            router.add_rows(c, body.rows)
             self.r.commitments[c] = body.commitments
         self.r.require(len(self.answers), self.name)
         router.seal()
@@ -314,7 +326,7 @@ class _Consistency(_Stage):
 
 
 class _Unmask(_Stage):
-    expects, name = m.UnmaskResponse, "unmask"
+    expects, name = m.UnmaskShares, "unmask"
     in_sum = True
 
     def __init__(self, r: _Round, members: tuple[int, ...]) -> None:
@@ -337,14 +349,16 @@ class _Unmask(_Stage):
         # share of each alive one, the mask-key share of each dropped one (ids ascending).
         row_of = {v: i for i, v in enumerate(r.survivors)}
         self.lists: dict[int, tuple[list[int], list[int]]] = {}
-        self.asked: dict[int, frozenset[tuple[int, int]]] = {}
+        self.asked: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Each holder's asked (owner, kind) pairs: owner ids ascending (distinct), their kinds."""
         for c in members:
             held = r.neighbours[row_of[c]][r.flags[row_of[c]]]
-            alive = r.alive_at[held]
-            seeds, keys = np.sort(ring[held[alive]]).tolist(), np.sort(ring[held[~alive]]).tolist()
-            self.lists[c] = seeds, keys
-            self.asked[c] = frozenset(zip(seeds, repeat(m.SHARE_OF_SEED))) | frozenset(
-                zip(keys, repeat(m.SHARE_OF_MASK_KEY)))
+            ids, kinds = ring[held], np.where(r.alive_at[held], m.SHARE_OF_SEED, m.SHARE_OF_MASK_KEY)
+            order = np.argsort(ids)
+            ids, kinds = ids[order], kinds[order]
+            self.lists[c] = (ids[kinds == m.SHARE_OF_SEED].tolist(),
+                             ids[kinds == m.SHARE_OF_MASK_KEY].tolist())
+            self.asked[c] = ids, kinds
         self.hasher = ShareHasher(r.session, r.round_index)
         # The shares taken, one array entry each: owner's ring index, kind, x, the 33 share bytes.
         self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -374,34 +388,32 @@ class _Unmask(_Stage):
             self._committed = table.reshape(len(owners), -1, COMMITMENT_BYTES), rows
         return self._committed
 
-    def accept(self, sender: int, body: m.UnmaskResponse) -> None:
-        ask = self.asked[sender]
-        shares = body.shares
-        if not shares:
-            if ask:
-                raise MalformedMessage("unmask response does not answer exactly what was asked")
+    def accept(self, sender: int, body: m.UnmaskShares) -> None:
+        asked_owners, asked_kinds = self.asked[sender]
+        owners, kind, points = body.owners, body.kinds, body.shares
+        # Exactly the (owner, kind) pairs asked, each once: the asked owners are distinct, so the
+        # answer sorted by owner must equal them pair by pair.
+        order = np.argsort(owners, kind="stable")
+        if (owners.size != asked_owners.size or not np.array_equal(owners[order], asked_owners)
+                or not np.array_equal(kind[order], asked_kinds)):
+            raise MalformedMessage("unmask response does not answer exactly what was asked")
+        if not owners.size:
             self.answers[sender] = body
             return
-        owners, kinds, values = zip(*shares, strict=True)
-        # Exactly the (owner, kind) pairs asked, each once: one kind per owner, so owners are distinct.
-        if len(shares) != len(ask) or set(zip(owners, kinds, strict=True)) != ask:
-            raise MalformedMessage("unmask response does not answer exactly what was asked")
-        if max(values) >= _PRIME_BYTES:  # fixed-width big-endian
+        if _at_least_prime(points).any():
             raise MalformedMessage("a share is not a field element")
         self.answers[sender] = body
         r = self.r
         graph = r.graph
-        at = graph.positions(np.array(owners, dtype=np.uint64))
+        at = graph.positions(owners)
         xs = graph.x_at(at, graph.position(sender))
-        kind = np.array(kinds, dtype=np.int64)
-        hashes = self.hasher.digests(owners, xs.tolist(), kinds, values)
+        hashes = self.hasher.digest_rows(owners, xs, kind, points)
         table, rows = self._commitments()
         committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
-        good = (np.frombuffer(hashes, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES) == committed).all(axis=1)
+        good = (hashes == committed).all(axis=1)
         if not good.all():
-            owner = owners[int(np.flatnonzero(~good)[-1])]
+            owner = int(owners[int(np.flatnonzero(~good)[-1])])
             r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
-        points = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
         self.taken.append((at[good], kind[good], xs[good], points[good]))
 
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
@@ -440,39 +452,42 @@ class _Unmask(_Stage):
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
 
-    def _mask_terms(self) -> list[tuple[bytes, int]]:
-        """(AES key, sign) of every mask term to remove; the secrets are rebuilt first."""
+    def _expand(self, masks: MaskSum) -> None:
+        """Rebuild the secrets and derive every mask term (AES key, sign) to remove, handing each
+        to ``masks`` as soon as it is known: the workers expand it while the next is derived."""
         r = self.r
         start = time.perf_counter()
-        seeds = [(u, self._secret(u, m.SHARE_OF_SEED)) for u in r.survivors]
-        keys: list[tuple[int, crypto.KeyPair]] = []
+        spent = 0.0  # rebuilding secrets
+        for u in r.survivors:
+            begin = time.perf_counter()
+            seed = self._secret(u, m.SHARE_OF_SEED)
+            spent += time.perf_counter() - begin
+            masks.add(self_mask_key(seed, r.session, r.round_index, u), -1)
         for d in self.dropped:
+            begin = time.perf_counter()
             try:
                 recovered = crypto.KeyPair.from_private(self._secret(d, m.SHARE_OF_MASK_KEY))
             except CryptoError:
                 recovered = None
             if recovered is None or recovered.public != r.keys[d].mask_key:
                 raise ProtocolAbort(f"unmask: shares of client {d}'s mask key are inconsistent")
-            keys.append((d, recovered))
-        rebuilt = time.perf_counter()
-        r.profile["secrets"] = rebuilt - start
-        terms = [(self_mask_key(seed, r.session, r.round_index, u), -1) for u, seed in seeds]
-        for d, recovered in keys:
+            spent += time.perf_counter() - begin
             for v in self.needs[d]:
                 # v added +mask if v < d else -mask; remove exactly that.
-                terms.append((mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
-                              -1 if v < d else +1))
-        r.profile["keys"] = time.perf_counter() - rebuilt
-        return terms
+                masks.add(mask_key(recovered, r.keys[v].mask_key, r.session, r.round_index, v, d),
+                          -1 if v < d else +1)
+        r.profile["secrets"] = spent
+        r.profile["keys"] = time.perf_counter() - start - spent
 
     def close(self) -> None:
         r = self.r
         assert r.total is not None
-        # Derive every key first: key agreement holds the GIL, so overlapping it with the AES
-        # workers only makes them wait; the expansion then runs on all cores.
-        terms = self._mask_terms()
-        start = time.perf_counter()
-        correction = accumulate_masks(terms, length=r.total.size, modulus_bits=r.encoder.modulus_bits)
+        # Every secret of the sum is rebuilt before any mask is removed from the total: an abort
+        # (too few or inconsistent shares) leaves the total untouched.
+        with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
+            self._expand(masks)
+            start = time.perf_counter()
+            correction = masks.finish()
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
         r.profile["masks"] = time.perf_counter() - start
@@ -560,8 +575,10 @@ class MaskedServer:
     @property
     def profile(self) -> dict[str, float]:
         """Seconds of the unmask stage's close spent rebuilding secrets from shares (``secrets``),
-        deriving the mask keys (``keys``: key agreement and HKDF) and regenerating the masks into
-        the total (``masks``: AES-CTR and the additions); empty before the round completes."""
+        deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
+        the masks of the keys already derived) and expanding the masks still left once every key
+        is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
+        before the round completes."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:

@@ -74,6 +74,12 @@ class CoordinatorContext:
 class CoordinatorLayer(AggregationProtocol, ABC):
     """The coordinator side of a layer: an aggregation protocol over the network."""
 
+    bundles_first_job = False
+    """True when the layer's first exchange of every aggregation goes to every site it was given,
+    so the framework may send each site the job that makes its contribution (train, evaluate)
+    together with that first stage message (one call instead of two); a site that fails the job
+    then drops out at the first stage."""
+
     def __init__(self, context: CoordinatorContext) -> None:
         self.context = context
         self.last_dropped: dict[int, str] = {}

@@ -74,6 +74,8 @@ class MaskingCoordinator(CoordinatorLayer):
     """The coordinator side: one :class:`MaskedServer` per aggregation, driven stage by stage."""
 
     name = "masking"
+    bundles_first_job = True
+    """The first stage (advertise keys) goes to every ring member, i.e. every site given."""
 
     def __init__(self, context: CoordinatorContext) -> None:
         super().__init__(context)

@@ -5,7 +5,8 @@ Only the gRPC hop and the mailboxes' threads are left out: :class:`DirectMailbox
 the real :meth:`Hub.exchange` posts straight to the site, whose :class:`InProcessSite` answers it as
 ``Site._jobs`` does (train: ``start``, the rounds already trained re-charged, ``SiteState.contribute``,
 ``SiteWork.train``; ``layer``: ``SiteWork.contribution`` then the plan's site layer;
-``evaluate``/``moments``/``standardize``), with the project's unmodified :class:`SiteWork`,
+``evaluate``/``moments``/``standardize``; a job bundled with a stage first, then the stage), with
+the project's unmodified :class:`SiteWork`,
 :class:`SiteState` (``site.db``) and :class:`MaskingSite`.
 
 A crash is the :class:`Crash` exception raised at the k-th job exchange of a round, either before
@@ -30,7 +31,7 @@ from fedsec.network.errors import PolicyRefused
 from fedsec.network.layers import LAYERS, SiteContext, split_first
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.serve import HUB_STATE, restore_hub, run_coordinator
-from fedsec.network.site import load_identity
+from fedsec.network.site import bundled, load_identity
 from fedsec.network.site_state import SiteState
 from fedsec.network.site_work import SiteWork
 
@@ -65,6 +66,9 @@ class InProcessSite:
         answer: dict[str, Any] = {"job": job, "ok": True}
         out = b""
         try:
+            if kind == "layer" and "first" in header:  # a bundled train/evaluate job: run first
+                first, first_body, body = bundled(header, body)
+                self._work(first["kind"], {**first, "job": job}, first_body, answer)
             if kind == "layer":
                 if body[:len(envelope.MAGIC)] == envelope.MAGIC:
                     setup, body = split_first(body)
@@ -76,23 +80,27 @@ class InProcessSite:
                 if self.layer is None:
                     raise ClientAbort("a stage message without a setup")
                 out = self.layer.handle(str(header.get("stage")), body) or b""
-            elif kind == "train":
-                if self.work.strategy is None:
-                    self.work.start(noise_multiplier=header.get("noise_multiplier"))
-                    if self.work.privacy is not None:
-                        for done in self.state.contributed(self.sha):
-                            self.work.privacy.budget.charge(done)
-                self.state.contribute(self.sha, header["round"], max_rounds=self.config.rounds)
-                answer.update(self.work.train(header, body))
-            elif kind in ("evaluate", "moments", "standardize"):
-                getattr(self.work, kind)(header, body)
             else:
-                raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
+                self._work(kind, header, body, answer)
         except ClientAbort as abort:
             answer, self.layer = {"job": job, "ok": False, "reason": abort.reason}, None
         except PolicyRefused as refusal:
             answer = {"job": job, "ok": False, "reason": refusal.rule}
         return envelope.encode(answer, out)
+
+    def _work(self, kind: Any, header: dict[str, Any], body: bytes, answer: dict[str, Any]) -> None:
+        if kind == "train":
+            if self.work.strategy is None:
+                self.work.start(noise_multiplier=header.get("noise_multiplier"))
+                if self.work.privacy is not None:
+                    for done in self.state.contributed(self.sha):
+                        self.work.privacy.budget.charge(done)
+            self.state.contribute(self.sha, header["round"], max_rounds=self.config.rounds)
+            answer.update(self.work.train(header, body))
+        elif kind in ("evaluate", "moments", "standardize"):
+            getattr(self.work, kind)(header, body)
+        else:
+            raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
 
     def close(self) -> None:
         self.state.close()
@@ -118,6 +126,8 @@ class DirectMailboxes:
         round_index = first.get("round")
         self.counts[round_index] = self.counts.get(round_index, 0) + 1
         stage = str(first.get("kind")) + ("/" + str(first.get("stage")) if "stage" in first else "")
+        if isinstance(first.get("first"), dict):  # a job bundled with the stage
+            stage = f"{first['first'].get('kind')}+{stage}"
         self.log.append((stage, round_index))
         here = self.crash is not None and self.crash[:2] == (round_index, self.counts[round_index])
         if here and not self.crash[2]:

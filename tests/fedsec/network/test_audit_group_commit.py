@@ -66,3 +66,35 @@ def test_a_batch_that_fails_to_commit_stops_the_log(tmp_path):
     with pytest.raises(sqlite3.ProgrammingError):
         audit.close()
     assert _committed(tmp_path / LOG) == 2
+
+
+def test_message_rows_of_many_calls_share_a_transaction_and_reach_the_disk_without_an_event(tmp_path,
+                                                                                              monkeypatch):
+    """A site makes one call at a time: its message rows linger (at most ``linger`` seconds) for
+    the next ones, so a run of calls is a few transactions, not one per call; and they are on disk
+    without any event asking for them."""
+    audit = PartyAudit(tmp_path, actor="site-a", key=SigningKey.generate(), run_id="r", linger=0.5)
+    batches: list[int] = []
+    append = audit.log.append_many
+    monkeypatch.setattr(audit.log, "append_many", lambda items: batches.append(len(items)) or append(items))
+    calls = 60
+    for i in range(calls):
+        audit.sent_then_received("coordinator", "answer", bytes([i]), b"job", round=1)
+    for _ in range(400):  # no event, no head: the lingering rows commit on their own
+        if _committed(tmp_path / LOG) == 2 * calls:
+            break
+        threading.Event().wait(0.05)
+    assert _committed(tmp_path / LOG) == 2 * calls
+    assert sum(batches) == 2 * calls and len(batches) < calls
+    # an event does not wait out the linger: it and every row before it commit at once
+    audit.sent_then_received("coordinator", "answer", b"x", b"job", round=2)
+    audit.event("epsilon", round=2, details={"epsilon": 1.0})
+    assert _committed(tmp_path / LOG) == 2 * calls + 3
+    audit.close()
+    assert verify_log(tmp_path / LOG).events == 2 * calls + 3
+
+
+def test_the_linger_is_bounded():
+    for bad in (-0.1, 11.0):
+        with pytest.raises(ValueError, match="linger"):
+            PartyAudit("/nonexistent", actor="a", key=SigningKey.generate(), run_id="r", linger=bad)
