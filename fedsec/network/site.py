@@ -395,11 +395,13 @@ class SiteJobs:
 def bundled(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     """``(first job's header, its body, the stage's body)`` of a ``layer`` job carrying a first job
     (see :class:`SiteJobs`); ``MalformedEnvelope`` for a first job that is not a JSON object of a
-    kind in :attr:`SiteJobs.BUNDLED` whose round is the job's, or a size outside the body."""
+    kind in :attr:`SiteJobs.BUNDLED` whose round is the job's (both integers: ``True`` or ``1.0``
+    would pass ``==`` and leave the site's events without a round), or a size outside the body."""
     first, size = header.get("first"), header.get("first_size")
     if not isinstance(first, dict) or first.get("kind") not in SiteJobs.BUNDLED:
         raise envelope.MalformedEnvelope("a bundled first job must be a train or evaluate job")
-    if first.get("round") != header.get("round") or "job" in first:
+    rounds = (first.get("round"), header.get("round"))
+    if any(type(r) is not int for r in rounds) or rounds[0] != rounds[1] or "job" in first:
         raise envelope.MalformedEnvelope("a bundled first job names another round or job")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(body):
         raise envelope.MalformedEnvelope("a bundled first job's size is outside the job's body")

@@ -83,7 +83,9 @@ class Party:
         job = next(self.ids)
         header = {**header, "job": job}
         round_index = header.get("round")
-        return self.jobs.run(job, header, body, round_index if isinstance(round_index, int) else None)
+        if isinstance(round_index, bool) or not isinstance(round_index, int):  # as the site's loop
+            round_index = None
+        return self.jobs.run(job, header, body, round_index)
 
     def records(self) -> tuple[list[int], list[tuple[str, int]]]:
         """The durable records: rounds trained, contributions consumed."""
@@ -198,6 +200,9 @@ def test_malformed_bundles_are_refused_before_anything_is_trained(deployment, tm
         cases = [
             {**header, "first": {**header["first"], "round": 2}},  # the bundled job names another round
             {**header, "round": 2},  # the bundle names another round than its job
+            {**header, "round": True},  # == 1, but not a round: the site's events would lose it
+            {**header, "round": 1.0},
+            {**header, "first": {**header["first"], "round": 1.0}},
             {**header, "first": {**header["first"], "kind": "moments"}},  # not a train/evaluate job
             {**header, "first": {**header["first"], "kind": "layer"}},
             {**header, "first": {**header["first"], "job": 7}},  # a job id of its own
