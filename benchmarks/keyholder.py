@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives import serialization
 from fedsec.protocols.paillier import PaillierClient, PaillierKeyHolder, PaillierServer, RoundSpec
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.paillier import slot_bits_for
 
 from benchmarks._common import emit, log
@@ -78,22 +79,23 @@ def main() -> None:
         for c, (cert, _, identity_path) in enumerate(sites):
             client.enrol(c, cert.read_bytes())
             site_identity = load_identity(identity_path)
-            reference.enroll(c, site_identity.public)
+            reference.enroll(c, site_identity.public, name=f"site-{c}")
             parties[c] = PaillierClient(c, identity=site_identity, announcer_identity=identity.public)
             registration = parties[c].receive_announcement(announcement)
             reference.register(registration)
             parties[c].receive_welcome(client.register(registration))
         rng = np.random.default_rng(0)
+        roster = tuple(f"site-{c}" for c in range(k))
         local, remote, size = [], [], 0
         for sequence in range(1, args.rounds + 1):
             spec = RoundSpec(sequence=sequence, length=m + 1, slot_bits=slot_bits_for(WORD_BOUND, k),
-                             word_bound=WORD_BOUND, max_contributions=k)
+                             word_bound=WORD_BOUND, max_contributions=k, roster=roster_digest(roster))
             aggregator = PaillierServer(key.public_key, spec, expected=range(k), threshold=2,
                                         identities={c: p._identity.public for c, p in parties.items()},
-                                        identity=coordinator_identity)
+                                        identity=coordinator_identity, roster=roster)
             for c, party in parties.items():
                 words = rng.integers(0, WORD_BOUND, m, dtype=np.uint64, endpoint=True)
-                aggregator.receive(c, party.submit(spec.to_bytes(), words))
+                aggregator.receive(c, party.submit(spec.to_bytes(), words, roster=roster))
             request = aggregator.decryption_request()
             size = len(request)
             answers = {}

@@ -43,7 +43,9 @@ from fedsec.protocols.paillier import (
 from fedsec.protocols.paillier import threshold_messages as tm
 from fedsec.protocols.paillier.binding import check_submission_proof
 from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
+from fedsec.protocols.paillier.keyholder import default_name
 from fedsec.protocols.paillier.messages import Submission, decode
+from fedsec.protocols.paillier.spec import NO_ROSTER, roster_digest
 from fedsec.protocols.paillier.trust import read_verification_keys
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.keys import SigningKey
@@ -132,12 +134,14 @@ def main() -> None:
             client.receive_welcome(announcer.register(registration))
         clients[c] = client
 
+    roster = tuple(default_name(c) for c in range(k))
     encoder = FixedPointEncoder(clip=1.0, bits=args.bits, max_clients=k, max_weight=args.max_weight,
                                 max_length=m)
     word_bound = max(args.max_weight * encoder.levels, m)
     spec = RoundSpec(sequence=1, length=m + 3, slot_bits=slot_bits_for(word_bound, k),
                      word_bound=word_bound, max_contributions=k,
-                     tagged=args.custody == "key_holder")
+                     tagged=args.custody == "key_holder",
+                     roster=roster_digest(roster) if args.custody == "key_holder" else NO_ROSTER)
     layout = spec.layout(public)
     updates = {c: rng.normal(0, 0.1, m).astype(np.float32) for c in range(k)}
     words, submissions, encrypt_s = {}, {}, []
@@ -145,13 +149,13 @@ def main() -> None:
         start = time.perf_counter()
         words[c] = encoder.encode(updates[c].astype(np.float64), args.max_weight,
                                   rng=np.random.default_rng(c)).words
-        submissions[c] = clients[c].submit(spec.to_bytes(), words[c])
+        submissions[c] = clients[c].submit(spec.to_bytes(), words[c], roster=roster)
         encrypt_s.append(time.perf_counter() - start)
     log(f"client encryption {np.mean(encrypt_s):.3f} s mean, {len(submissions[0]) / 1e6:.3f} MB")
 
     server = PaillierServer(public, spec, expected=range(k), threshold=threshold,
                             identities={c: s.public for c, s in identities.items()},
-                            identity=server_identity)
+                            identity=server_identity, roster=roster)
     start = time.perf_counter()
     for c in range(k):
         server.receive(c, submissions[c])

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import numpy as np
 from fedsec.protocols.paillier import PaillierClient, PaillierKeyHolder, PaillierServer, RoundSpec
-from fedsec.protocols.paillier.keyholder import REFUSAL
+from fedsec.protocols.paillier.keyholder import REFUSAL, default_name
 from fedsec.protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, decode, encode
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.keys import SigningKey
 from fedsec.secagg.paillier import encode_batch, slot_bits_for
 
@@ -52,19 +54,20 @@ def main() -> None:
         holder.enroll(c, identities[c].public)
         clients[c].receive_welcome(holder.register(clients[c].receive_announcement(announcement)))
     rng = np.random.default_rng(0)
+    roster = tuple(default_name(c) for c in range(k))
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     sequence = 0
     for _ in range(args.rounds):
         for kind in KINDS:
             sequence += 1
             spec = RoundSpec(sequence=sequence, length=m + 1, slot_bits=slot_bits_for(WORD_BOUND, k),
-                             word_bound=WORD_BOUND, max_contributions=k)
+                             word_bound=WORD_BOUND, max_contributions=k, roster=roster_digest(roster))
             server = PaillierServer(public, spec, expected=range(k), threshold=2,
                                     identities={c: s.public for c, s in identities.items()},
-                                    identity=server_identity)
+                                    identity=server_identity, roster=roster)
             for c in range(k):
                 words = rng.integers(0, WORD_BOUND, m, dtype=np.uint64, endpoint=True)
-                server.receive(c, clients[c].submit(spec.to_bytes(), words))
+                server.receive(c, clients[c].submit(spec.to_bytes(), words, roster=roster))
             total = list(server._total)
             offset = {"honest": 0, "data offset": 1, "carry": (1 << spec.slot_bits) - 1,
                       "out of range": 1 << public.plaintext_bits}[kind]
@@ -72,8 +75,7 @@ def main() -> None:
             unsigned = replace_batch(decode(server.decryption_request(), DecryptionRequest),
                                      encode_batch(public, sequence, total))
             signature = server_identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
-            data = encode(DecryptionRequest(unsigned.spec, unsigned.participants, unsigned.batch,
-                                            signature))
+            data = encode(replace(unsigned, signature=signature))
             start = time.perf_counter()
             answer = holder.respond(data)
             times[kind].append(time.perf_counter() - start)
@@ -89,7 +91,7 @@ def main() -> None:
 
 
 def replace_batch(request: DecryptionRequest, batch: bytes) -> DecryptionRequest:
-    return DecryptionRequest(request.spec, request.participants, batch)
+    return replace(request, batch=batch, signature=b"")
 
 
 if __name__ == "__main__":

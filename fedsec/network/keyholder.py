@@ -130,8 +130,8 @@ class KeyHolderService:
                                         private_key=key.private_key, tag_secret=key.tag_secret,
                                         mac_key=key.mac_key)
         self.key_id = key.public_key.key_id
-        for client_id, _, public in state.enrolled():
-            self.holder.enroll(client_id, public)
+        for client_id, site, public in state.enrolled():
+            self.holder.enroll(client_id, public, name=site)
         replayed = state.registrations(self.key_id, key.epoch)
         for registration in replayed:
             self.holder.register(registration)
@@ -194,7 +194,7 @@ class KeyHolderService:
                                roster=self.sites)
             public = raw_identity(site.identity_key)
             new = self.state.enrol(client_id, site.name, public)
-            self.holder.enroll(client_id, public)
+            self.holder.enroll(client_id, public, name=site.name)
         except (MalformedMessage, PeerRejected, EnrolmentConflict, ValueError) as error:
             reason = error.reason if isinstance(error, PeerRejected) else str(error)
             self._decide(("enrol.refused", None, {"reason": reason[:200]}))
@@ -219,7 +219,9 @@ class KeyHolderService:
         reply = self.holder.respond(payload)
         if self.holder.decryptions > served:
             request = decode(payload, DecryptionRequest)
-            return reply, ("decrypt.served", sequence, {"contributors": list(request.participants)})
+            spec = RoundSpec.from_bytes(request.spec)
+            return reply, ("decrypt.served", sequence, {"contributors": list(request.participants),
+                                                        "roster_sha256": spec.roster.hex()})
         refused_at, reason = self.holder.refusals[-1]
         return reply, ("decrypt.refused", sequence, {"reason": reason, "refused_sequence": refused_at})
 

@@ -29,9 +29,9 @@ from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier.client import PaillierClient
 from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
 from fedsec.protocols.paillier.dealer import ThresholdDealer
-from fedsec.protocols.paillier.keyholder import PaillierKeyHolder
+from fedsec.protocols.paillier.keyholder import PaillierKeyHolder, default_name
 from fedsec.protocols.paillier.server import PaillierServer
-from fedsec.protocols.paillier.spec import RoundSpec
+from fedsec.protocols.paillier.spec import NO_ROSTER, RoundSpec, roster_digest
 from fedsec.protocols.paillier.trust import read_verification_keys
 from fedsec.protocols.transport import InMemoryTransport, Transport
 from fedsec.secagg.keys import SigningKey
@@ -129,6 +129,13 @@ class PaillierAggregation(AggregationProtocol):
         key-holder custody the key holder is not among them."""
         return population_corrupt(self.population or n, self.tolerated_corrupt)
 
+    def _roster(self, valid: Sequence[ClientUpdate]) -> tuple[str, ...]:
+        """The simulated roster (key-holder custody binds it into every spec): the names of the
+        ``population`` clients 0 .. population - 1, or, with no population given, of the
+        call's valid clients (the population :meth:`tolerated_colluders` assumes then)."""
+        ids = range(self.population) if self.population else sorted({u.client_id for u in valid})
+        return tuple(default_name(c) for c in ids)
+
     def _client(self, client_id: int, transport: Transport) -> PaillierClient:
         """The client object of ``client_id``, set up (enrolled, key share, registered) on first use."""
         client = self._clients.get(client_id)
@@ -142,7 +149,7 @@ class PaillierAggregation(AggregationProtocol):
             roster = {c: k.public for c, k in self._identities.items()}
         identity = self._identities.setdefault(client_id, SigningKey.generate())
         if self.key_holder is not None:
-            self.key_holder.enroll(client_id, identity.public)
+            self.key_holder.enroll(client_id, identity.public, name=default_name(client_id))
         client = PaillierClient(client_id, identity=identity,
                                 announcer_identity=self._announcer_identity, share=share,
                                 roster=roster, min_key_bits=self._min_key_bits)
@@ -170,16 +177,18 @@ class PaillierAggregation(AggregationProtocol):
                               clip=self.clip, bits=self.bits, noise=noise)
         word_bound = encoder.word_bound
         self._sequence += 1
+        roster = self._roster(valid)
         spec = RoundSpec(sequence=self._sequence, length=length + 3,
                          slot_bits=slot_bits_for(word_bound, n), word_bound=word_bound,
-                         max_contributions=n, tagged=self.key_holder is not None)
+                         max_contributions=n, tagged=self.key_holder is not None,
+                         roster=roster_digest(roster) if self.key_holder is not None else NO_ROSTER)
         spec_bytes = spec.to_bytes()
         transport = InMemoryTransport()
         clients = {u.client_id: self._client(u.client_id, transport) for u in valid}
         server = PaillierServer(self.public_key, spec, expected=[u.client_id for u in valid],
                                 threshold=self.threshold,
                                 identities={c: k.public for c, k in self._identities.items()},
-                                identity=self._server_identity)
+                                identity=self._server_identity, roster=roster)
         aborts, late_drops = 0, set()
         for u in valid:
             rounding = np.random.default_rng(self.rng.integers(0, 2**63 - 1))
@@ -192,7 +201,7 @@ class PaillierAggregation(AggregationProtocol):
             if noise is not None:
                 encoded.words[:-2] += noise.draw(length).astype(encoded.words.dtype)
             try:
-                data = clients[u.client_id].submit(spec_bytes, encoded.words)
+                data = clients[u.client_id].submit(spec_bytes, encoded.words, roster=roster)
             except ClientAbort:
                 aborts += 1
                 continue

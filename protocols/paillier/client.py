@@ -14,7 +14,7 @@ and its endorsement record, are never rebuilt by a replay.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from fedsec.protocols.errors import ClientAbort, MalformedMessage
@@ -35,7 +35,14 @@ from fedsec.protocols.paillier.messages import (
     encode,
 )
 from fedsec.protocols.paillier.party import DecryptionParty
-from fedsec.protocols.paillier.spec import RoundSpec, client_tags, tag_key, welcome_associated, wrap_key
+from fedsec.protocols.paillier.spec import (
+    RoundSpec,
+    client_tags,
+    roster_digest,
+    tag_key,
+    welcome_associated,
+    wrap_key,
+)
 from fedsec.protocols.paillier.state import MAX_SEQUENCE, EndorsementStore, MemoryEndorsementStore
 from fedsec.protocols.paillier.trust import read_verification_keys
 from fedsec.secagg.errors import CryptoError, InvalidArgumentError
@@ -65,6 +72,7 @@ STALE_ANNOUNCEMENT = "announcement is for an older key epoch, or differs from th
 BAD_WELCOME = "welcome does not open or is for another key"
 SEQUENCE_JUMP = "sequence number jumps too far ahead"
 OTHER_KEYS = "different verification keys for this key and epoch"
+OTHER_ROSTER = "the round spec binds another roster than this client's own"
 
 MAX_SEQUENCE_GAP = 1 << 20
 """A client accepts aggregation sequence number s only in (last, last + MAX_SEQUENCE_GAP] (last:
@@ -197,14 +205,28 @@ class PaillierClient:
             raise ClientAbort(BAD_SPEC)
         return spec
 
-    def submit(self, spec_bytes: bytes, words: np.ndarray) -> bytes:
+    def submit(self, spec_bytes: bytes, words: np.ndarray, *, roster: Sequence[str] | None = None) -> bytes:
         """Encrypt ``words`` (the encoder's words, without the count word) for ``spec``.
 
-        Returns the signed Submission; raises ClientAbort if the spec is malformed, names an
-        aggregation this client already contributed to under this key (REPLAY), jumps more than
-        :data:`MAX_SEQUENCE_GAP` ahead of the last one (SEQUENCE_JUMP), or does not fit the words.
+        ``roster``: the names of this client's own roster (its plan's sites), required under
+        key-holder custody: the spec must bind exactly that roster (:func:`roster_digest`, in
+        any order), or the client refuses (OTHER_ROSTER). Its tags bind the spec, roster digest
+        included, so the key holder can decrypt this submission only in a sum whose every
+        contributor is enrolled under a name of this roster.
+
+        Returns the signed Submission; raises ClientAbort if the spec is malformed, binds another
+        roster (OTHER_ROSTER), names an aggregation this client already contributed to under this
+        key (REPLAY), jumps more than :data:`MAX_SEQUENCE_GAP` ahead of the last one
+        (SEQUENCE_JUMP), or does not fit the words.
         """
         spec = self._spec(spec_bytes)
+        if spec.tagged:
+            try:
+                own = roster_digest(roster) if roster is not None else None
+            except MalformedMessage:
+                raise ClientAbort(OTHER_ROSTER) from None
+            if own is None or spec.roster != own:
+                raise ClientAbort(OTHER_ROSTER)
         last = self._last_submitted.get(self.public_key.key_id, 0)
         if spec.sequence <= last:
             raise ClientAbort(REPLAY)

@@ -17,11 +17,20 @@ A request is handled in this order:
    decryption attempt per aggregation, and a probe spends the real round (the round aborts,
    visibly).
 3. The checks that depend only on what the server already knows (contributors distinct,
-   registered, t <= |S| <= the spec's maximum, a tagged spec, a valid batch of the right count
-   under this key for this sequence).
+   registered, a tagged spec bound to a roster, the request's roster names canonical and hashing
+   to the spec's roster digest, every contributor enrolled under a name of that roster,
+   t <= |S| <= the spec's maximum, a valid batch of the right count under this key for this
+   sequence).
 4. Every ciphertext is decrypted and unpacked, and every plaintext-dependent check is evaluated,
    each over all ciphertexts, and only then combined: all values in range, the MAC (tag) of every
    plaintext, the count word, every word within what |S| clients can sum to. No early exit.
+
+Why the roster (review S5-1): a client provisions its client-level noise share for the colluders
+its own plan tolerates among ITS roster, so a sum may count only that roster's sites. The spec's
+roster digest enters every honest client's tags (a client submits only under its own plan's
+digest), so a sum passes the tag check only if every honest contributor agreed to the digest the
+request names; the key holder then refuses any contributor whose enrolled name (for a deployment:
+the name in its certificate) the digest's roster does not hold, whoever enrolled it.
 
 Every refusal is the same: :class:`DecryptionRefused` with one fixed message, or on the wire the
 fieldless :class:`~protocols.paillier.messages.Refusal`. Which rule fired goes only to the key
@@ -49,7 +58,10 @@ from fedsec.protocols.paillier.messages import (
     encode,
 )
 from fedsec.protocols.paillier.spec import (
+    NO_ROSTER,
     RoundSpec,
+    canonical_roster,
+    roster_digest,
     round_coefficients,
     round_tags,
     tag_key,
@@ -67,6 +79,11 @@ REFUSAL = encode(Refusal())
 _REFUSED = "the key holder refused to decrypt"
 REFUSAL_RECORD = 1000
 """How many refusals the key holder's own record keeps (the oldest are dropped)."""
+
+
+def default_name(client_id: int) -> str:
+    """The roster name of a client enrolled without one (the simulation's clients)."""
+    return f"client-{client_id}"
 
 
 class DecryptionRefused(ProtocolAbort):
@@ -116,6 +133,8 @@ class PaillierKeyHolder:
         self._mac_key = mac_key or os.urandom(KEY_BYTES)
         self.store: SequenceStore = store if store is not None else MemorySequenceStore()
         self._roster: dict[int, bytes] = {}
+        self._names: dict[int, str] = {}
+        """Client id -> the roster name it was enrolled under (one name per id, one id per name)."""
         self._tag_keys: dict[int, bytes] = {}
         self._registered: dict[int, set[bytes]] = {}
         """Every tag key each client registered under this key and epoch (replays are refused)."""
@@ -130,11 +149,18 @@ class PaillierKeyHolder:
         """The last burned sequence number of this key."""
         return self.store.last_burned(self.public_key.key_id)
 
-    def enroll(self, client_id: int, identity_public: bytes) -> None:
-        """Admit a client's identity key (out of band: a certificate, an administrator)."""
-        known = self._roster.setdefault(client_id, identity_public)
-        if known != identity_public:
-            raise InvalidArgumentError(f"client {client_id} is enrolled with another identity key")
+    def enroll(self, client_id: int, identity_public: bytes, *, name: str | None = None) -> None:
+        """Admit a client's identity key (out of band: a certificate, an administrator) under its
+        roster ``name`` (a deployment: the site's certificate name; default
+        :func:`default_name`). An id keeps its key and name, and a name its id, forever:
+        InvalidArgumentError otherwise (nothing changes)."""
+        name = default_name(client_id) if name is None else name
+        if self._roster.get(client_id, identity_public) != identity_public or \
+                self._names.get(client_id, name) != name:
+            raise InvalidArgumentError(f"client {client_id} is enrolled with another identity key or name")
+        if any(c != client_id and n == name for c, n in self._names.items()):
+            raise InvalidArgumentError(f"the name {name!r} is enrolled under another client id")
+        self._roster[client_id], self._names[client_id] = identity_public, name
 
     def announcement(self) -> bytes:
         """The signed key announcement every client checks before registering."""
@@ -200,7 +226,7 @@ class PaillierKeyHolder:
         except StaleSequence:
             raise self._refuse(spec.sequence, "burned concurrently") from None
         contributors = request.participants
-        structure = self._structure_problem(spec, contributors)
+        structure = self._structure_problem(spec, contributors, request.roster)
         if structure:
             raise self._refuse(spec.sequence, structure)
         layout = spec.layout(self.public_key)
@@ -218,7 +244,8 @@ class PaillierKeyHolder:
         words = rows.reshape(-1)[: spec.length].copy()
         return encode(DecryptionResult(spec.sequence, contributors, words))
 
-    def _structure_problem(self, spec: RoundSpec, contributors: tuple[int, ...]) -> str:
+    def _structure_problem(self, spec: RoundSpec, contributors: tuple[int, ...],
+                           roster: tuple[str, ...]) -> str:
         """What is wrong with the request's form (all known to the server), or ''."""
         if len(set(contributors)) != len(contributors):
             return "a contributor is listed twice"
@@ -226,6 +253,9 @@ class PaillierKeyHolder:
             return "a contributor is not registered"
         if not spec.tagged:
             return "the aggregate carries no integrity tags"
+        roster_problem = self._roster_problem(spec, contributors, roster)
+        if roster_problem:
+            return roster_problem
         if not self.threshold <= len(contributors) <= spec.max_contributions:
             return (f"{len(contributors)} contributors, need between {self.threshold} and "
                     f"{spec.max_contributions}")
@@ -233,6 +263,26 @@ class PaillierKeyHolder:
             spec.layout(self.public_key)
         except InvalidArgumentError:
             return "the layout does not fit this key"
+        return ""
+
+    def _roster_problem(self, spec: RoundSpec, contributors: tuple[int, ...],
+                        roster: tuple[str, ...]) -> str:
+        """Whether the request's roster is the spec's and holds every contributor's name, or ''."""
+        if spec.roster == NO_ROSTER:
+            return "the spec is bound to no roster"
+        try:
+            if canonical_roster(roster) != roster:
+                return "the roster's names are not in canonical (sorted) order"
+            if roster_digest(roster) != spec.roster:
+                return "the roster's names do not hash to the spec's roster digest"
+        except MalformedMessage:
+            return "the roster is malformed (an empty, repeated or oversized name)"
+        names = {self._names[c] for c in contributors}
+        if len(names) != len(contributors):
+            return "two contributors are enrolled under one name"
+        outside = names.difference(roster)
+        if outside:
+            return f"{len(outside)} contributor(s) enrolled under a name outside the spec's roster"
         return ""
 
     def _plaintext_checks(self, spec: RoundSpec, contributors: tuple[int, ...], rows, tops,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage
-from fedsec.protocols.wire import Writer, open_envelope, start_envelope
+from fedsec.protocols.wire import Reader, Writer, open_envelope, start_envelope
 from fedsec.secagg.keys import KEY_BYTES, SIGNATURE_BYTES
 from fedsec.secagg.paillier.keys import KEY_ID_BYTES
 
@@ -91,19 +91,40 @@ class Submission:
 
 @dataclass(frozen=True)
 class DecryptionRequest:
-    """Server to key holder: the spec, who contributed, and the product of their ciphertexts,
-    signed with the server's identity key (the key holder checks it before anything else)."""
+    """Server to key holder: the spec, who contributed, the product of their ciphertexts and the
+    names of the roster the spec's roster digest commits to (sorted; the key holder checks them
+    against the digest and every contributor's enrolled name against them), signed with the
+    server's identity key (the key holder checks it before anything else)."""
 
     spec: bytes
     participants: tuple[int, ...]
     batch: bytes
     signature: bytes = b""
+    roster: tuple[str, ...] = ()
 
     KIND = 4
 
     def signed_part(self) -> bytes:
-        return (Writer().blob(self.spec).ids(self.participants)
-                .fixed(hashlib.sha256(self.batch).digest(), 32).getvalue())
+        w = (Writer().blob(self.spec).ids(self.participants)
+             .fixed(hashlib.sha256(self.batch).digest(), 32))
+        return _names(w, self.roster).getvalue()
+
+
+def _names(w: Writer, names: tuple[str, ...]) -> Writer:
+    w.u32(len(names))
+    for name in names:
+        w.blob(name.encode("utf-8"))
+    return w
+
+
+def _read_names(r: Reader) -> tuple[str, ...]:
+    names = []
+    for _ in range(r.count()):
+        try:
+            names.append(bytes(r.view()).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise MalformedMessage("a roster name is not UTF-8") from None
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -157,6 +178,7 @@ def encode(message: Message) -> bytes:
     elif isinstance(message, DecryptionRequest):
         w.blob(message.spec).ids(message.participants).blob(message.batch)
         w.fixed(message.signature, SIGNATURE_BYTES)
+        _names(w, message.roster)
     elif isinstance(message, Welcome):
         w.u64(message.client_id).fixed(message.key_id, KEY_ID_BYTES).u64(message.epoch)
         w.blob(message.sealed)
@@ -189,7 +211,7 @@ def decode(data: bytes, kind: type[Message]) -> Message:
                              bytes(r.view()))
     elif kind is DecryptionRequest:
         message = DecryptionRequest(bytes(r.view()), r.ids(), bytes(r.view()),
-                                    r.fixed(SIGNATURE_BYTES))
+                                    r.fixed(SIGNATURE_BYTES), _read_names(r))
     elif kind is Welcome:
         message = Welcome(r.u64(), r.fixed(KEY_ID_BYTES), r.u64(), bytes(r.view()))
     elif kind is Refusal:

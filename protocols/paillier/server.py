@@ -9,7 +9,7 @@ client that never sends is simply not in the sum. Threshold decryption is driven
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import gmpy2
 import numpy as np
@@ -26,8 +26,8 @@ from fedsec.protocols.paillier.messages import (
     decode,
     encode,
 )
-from fedsec.protocols.paillier.spec import RoundSpec
-from fedsec.secagg.errors import CryptoError, InvalidCiphertextError
+from fedsec.protocols.paillier.spec import NO_ROSTER, RoundSpec, canonical_roster, roster_digest
+from fedsec.secagg.errors import CryptoError, InvalidArgumentError, InvalidCiphertextError
 from fedsec.secagg.keys import SigningKey, verify
 from fedsec.secagg.paillier import PaillierPublicKey, add_into, decode_batch, encode_batch
 
@@ -44,13 +44,25 @@ class PaillierServer:
         identities: client id -> Ed25519 identity key; each submission's signature is checked.
         identity: the server's own Ed25519 identity key, which signs decryption requests
             (key-holder custody; the key holder refuses unsigned ones).
+        roster: key-holder custody: the names of the roster whose :func:`roster_digest` is
+            ``spec.roster``, sent with the decryption request (sorted here); ignored under
+            threshold custody. InvalidArgumentError if they do not hash to the spec's digest.
     """
 
     def __init__(self, public_key: PaillierPublicKey, spec: RoundSpec, *, expected: Iterable[int],
                  threshold: int, identities: Mapping[int, bytes],
-                 identity: SigningKey | None = None) -> None:
+                 identity: SigningKey | None = None, roster: Sequence[str] = ()) -> None:
         self.public_key, self.spec, self.threshold = public_key, spec, threshold
         self.identity = identity
+        self.roster: tuple[str, ...] = ()
+        if spec.tagged and spec.roster != NO_ROSTER:
+            try:
+                self.roster = canonical_roster(roster)
+                if roster_digest(self.roster) != spec.roster:
+                    raise MalformedMessage("digest")
+            except MalformedMessage:
+                raise InvalidArgumentError("roster: the names do not hash to the spec's roster digest") \
+                    from None
         self.expected = frozenset(expected)
         self.identities = dict(identities)
         self._submissions: list[bytes] = []
@@ -112,9 +124,9 @@ class PaillierServer:
     def _signed_request(self, participants: tuple[int, ...], batch: bytes) -> bytes:
         if self.identity is None:
             raise ValueError("identity: the server needs its signing key to ask the key holder")
-        unsigned = DecryptionRequest(self.spec.to_bytes(), participants, batch)
+        unsigned = DecryptionRequest(self.spec.to_bytes(), participants, batch, roster=self.roster)
         signature = self.identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
-        return encode(DecryptionRequest(unsigned.spec, participants, batch, signature))
+        return encode(DecryptionRequest(unsigned.spec, participants, batch, signature, self.roster))
 
     def finish(self, data: bytes) -> np.ndarray:
         """The summed words (count word last) from the key holder's answer.

@@ -1,8 +1,11 @@
 """The public parameters of one Paillier aggregation, and the integrity tags bound to them.
 
 A :class:`RoundSpec` fixes how clients pack (words per client, slot width, largest word, most
-contributions); its SHA-256 digest enters every tag, so a server that tells clients one layout
-and the key holder another fails the tag check.
+contributions) and, under key-holder custody, which roster the sum may draw on (the digest of the
+plan's site names, :func:`roster_digest`); its SHA-256 digest enters every tag, so a server that
+tells clients one layout or roster and the key holder another fails the tag check. A client
+submits only to a spec whose roster digest is its own plan's, and the key holder decrypts only a
+sum whose every contributor's enrolled name is in the roster named by the spec (review S5-1).
 
 Integrity tags: a linear MAC over every slot. The key holder hands every registered client the
 same group MAC key K (sealed under their pairwise X25519 key), and client i shares a pad key with
@@ -24,17 +27,56 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.wire import Writer
 from fedsec.secagg.keys import context_bytes, derive_key
 from fedsec.secagg.paillier import PaillierPublicKey, SlotLayout, slot_bits_for
 from fedsec.secagg.paillier.packing import MAC_PRIME, coefficients_from, slot_forms
 from fedsec.secagg.prg import MaskExpander
 
 TAG_BITS = 128
-_SPEC = struct.Struct(">QIBQI?")
+ROSTER_BYTES = 32
+NO_ROSTER = bytes(ROSTER_BYTES)
+"""The roster digest of a spec bound to no roster (threshold custody, whose parties check every
+contributor against their own roster instead); a key holder refuses to decrypt under it."""
+MAX_NAME_BYTES = 255
+_SPEC = struct.Struct(">QIBQI?32s")
+_ROSTER_DOMAIN = b"fedsec/paillier/roster/v1"
+
+
+def canonical_roster(names: Sequence[str]) -> tuple[str, ...]:
+    """The canonical form of a roster: its names sorted (so the plan's order does not matter).
+
+    Raises MalformedMessage if a name is not a non-empty string of at most
+    :data:`MAX_NAME_BYTES` UTF-8 bytes, a name repeats, or the roster is empty."""
+    if isinstance(names, str | bytes) or not names:
+        raise MalformedMessage("roster: must be a non-empty list of names")
+    for name in names:
+        try:
+            size = len(name.encode("utf-8")) if isinstance(name, str) else 0
+        except UnicodeEncodeError:
+            size = 0
+        if not 1 <= size <= MAX_NAME_BYTES:
+            raise MalformedMessage(f"roster: names must be 1 to {MAX_NAME_BYTES} bytes of UTF-8 text")
+    ordered = tuple(sorted(names))
+    if len(set(ordered)) != len(ordered):
+        raise MalformedMessage("roster: a name is listed twice")
+    return ordered
+
+
+def roster_digest(names: Sequence[str]) -> bytes:
+    """SHA-256 of the canonical roster (sorted names, length-prefixed UTF-8): what a spec binds.
+
+    Raises MalformedMessage on a roster :func:`canonical_roster` refuses."""
+    ordered = canonical_roster(names)
+    w = Writer().fixed(_ROSTER_DOMAIN, len(_ROSTER_DOMAIN)).u32(len(ordered))
+    for name in ordered:
+        w.blob(name.encode("utf-8"))
+    return hashlib.sha256(w.getvalue()).digest()
 
 
 @dataclass(frozen=True)
@@ -49,6 +91,9 @@ class RoundSpec:
         max_contributions: most clients the sum may hold, >= 1.
         tagged: plaintexts carry integrity tags for a key holder (False under threshold custody,
             where the decrypting parties check signed submissions instead).
+        roster: 32-byte :func:`roster_digest` of the site names the sum may draw on (key-holder
+            custody: a client submits only under its own plan's, the key holder decrypts only
+            contributors enrolled under a name of it); :data:`NO_ROSTER` for none.
 
     Untagged (threshold custody) layouts give every slot one **guard bit** above its
     ``slot_bits``: slots are ``slot_bits + 1`` wide, an honest sum never sets the guard bit, and
@@ -63,8 +108,11 @@ class RoundSpec:
     word_bound: int
     max_contributions: int
     tagged: bool = True
+    roster: bytes = NO_ROSTER
 
     def __post_init__(self) -> None:
+        if not isinstance(self.roster, bytes) or len(self.roster) != ROSTER_BYTES:
+            raise MalformedMessage(f"round spec: the roster digest must be {ROSTER_BYTES} bytes")
         if self.length < 1 or self.word_bound < 1 or self.max_contributions < 1:
             raise MalformedMessage("round spec: length, word bound and contributions must be >= 1")
         if self.slot_bits != slot_bits_for(self.word_bound, self.max_contributions):
@@ -94,19 +142,19 @@ class RoundSpec:
     def to_bytes(self) -> bytes:
         try:
             return _SPEC.pack(self.sequence, self.length, self.slot_bits, self.word_bound,
-                              self.max_contributions, self.tagged)
+                              self.max_contributions, self.tagged, self.roster)
         except struct.error:
             raise MalformedMessage("round spec field out of range") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RoundSpec:
-        if len(data) != _SPEC.size or data[-1] not in (0, 1):
+        if len(data) != _SPEC.size or data[_SPEC.size - ROSTER_BYTES - 1] not in (0, 1):
             raise MalformedMessage("round spec has the wrong size or flag")
         return cls(*_SPEC.unpack(data))
 
     @property
     def digest(self) -> bytes:
-        return hashlib.sha256(b"fedsec/paillier/spec/v1" + self.to_bytes()).digest()
+        return hashlib.sha256(b"fedsec/paillier/spec/v2" + self.to_bytes()).digest()
 
 
 def tag_key(shared_secret: bytes, key_id: bytes, client_id: int) -> bytes:

@@ -13,6 +13,8 @@ from fedsec.protocols.paillier import (
     ThresholdDealer,
 )
 from fedsec.protocols.paillier.coordinator import ThresholdCoordinator
+from fedsec.protocols.paillier.keyholder import default_name
+from fedsec.protocols.paillier.spec import NO_ROSTER, roster_digest
 from fedsec.protocols.paillier.trust import read_verification_keys
 from fedsec.secagg.keys import SigningKey
 from fedsec.secagg.paillier import slot_bits_for
@@ -38,6 +40,11 @@ class PaillierSession:
                                       public_key=self.public_key, threshold=self.threshold)
 
     @property
+    def names(self) -> tuple[str, ...]:
+        """The key-holder custody roster: every client's default enrolment name."""
+        return tuple(default_name(c) for c in self.clients)
+
+    @property
     def roster(self) -> dict[int, bytes]:
         return {c: k.public for c, k in self.identities.items()}
 
@@ -60,13 +67,14 @@ class PaillierSession:
         m = contributions or len(self.clients)
         return RoundSpec(sequence=self.sequence, length=length + 1,
                          slot_bits=slot_bits_for(WORD_BOUND, m), word_bound=WORD_BOUND,
-                         max_contributions=m, tagged=self.key_holder is not None)
+                         max_contributions=m, tagged=self.key_holder is not None,
+                         roster=roster_digest(self.names) if self.key_holder is not None else NO_ROSTER)
 
     def server(self, spec: RoundSpec) -> PaillierServer:
         return PaillierServer(self.public_key, spec, expected=list(self.clients),
                               threshold=self.threshold,
                               identities={c: k.public for c, k in self.identities.items()},
-                              identity=self.server_identity)
+                              identity=self.server_identity, roster=self.names)
 
     def submissions(self, spec: RoundSpec, ids=None, seed: int = 0) -> dict[int, bytes]:
         rng = np.random.default_rng(seed)
@@ -74,7 +82,7 @@ class PaillierSession:
         for c in ids if ids is not None else self.clients:
             self.words[c] = rng.integers(0, WORD_BOUND, spec.length - 1, dtype=np.uint64,
                                          endpoint=True)
-            out[c] = self.clients[c].submit(spec.to_bytes(), self.words[c])
+            out[c] = self.clients[c].submit(spec.to_bytes(), self.words[c], roster=self.names)
         return out
 
     def expected(self, ids) -> np.ndarray:

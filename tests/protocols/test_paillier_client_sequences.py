@@ -18,6 +18,7 @@ import pytest
 from fedsec.protocols.errors import ClientAbort
 from fedsec.protocols.paillier import PaillierKeyHolder, RoundSpec
 from fedsec.protocols.paillier.client import MAX_SEQUENCE_GAP, REPLAY, SEQUENCE_JUMP
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.paillier import slot_bits_for
 
 from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
@@ -30,8 +31,9 @@ def test_a_huge_sequence_number_is_refused_and_locks_nobody_out(custody, probe):
     honest = session.spec(length=4)
     words = np.zeros(honest.length - 1, dtype=np.uint64)
     with pytest.raises(ClientAbort, match=SEQUENCE_JUMP):
-        session.clients[0].submit(replace(honest, sequence=probe).to_bytes(), words)
-    session.clients[0].submit(honest.to_bytes(), words)  # the real aggregation still goes in
+        session.clients[0].submit(replace(honest, sequence=probe).to_bytes(), words, roster=session.names)
+    # the real aggregation still goes in
+    session.clients[0].submit(honest.to_bytes(), words, roster=session.names)
 
 
 def test_the_gap_bound_is_exactly_max_sequence_gap():
@@ -39,12 +41,13 @@ def test_the_gap_bound_is_exactly_max_sequence_gap():
     spec = session.spec(length=4)
     words = np.zeros(spec.length - 1, dtype=np.uint64)
     client = session.clients[0]
-    client.submit(replace(spec, sequence=MAX_SEQUENCE_GAP).to_bytes(), words)
+    client.submit(replace(spec, sequence=MAX_SEQUENCE_GAP).to_bytes(), words, roster=session.names)
     with pytest.raises(ClientAbort, match=SEQUENCE_JUMP):
-        client.submit(replace(spec, sequence=2 * MAX_SEQUENCE_GAP + 1).to_bytes(), words)
+        client.submit(replace(spec, sequence=2 * MAX_SEQUENCE_GAP + 1).to_bytes(), words,
+                      roster=session.names)
     with pytest.raises(ClientAbort, match=REPLAY):
-        client.submit(replace(spec, sequence=MAX_SEQUENCE_GAP).to_bytes(), words)
-    client.submit(replace(spec, sequence=2 * MAX_SEQUENCE_GAP).to_bytes(), words)
+        client.submit(replace(spec, sequence=MAX_SEQUENCE_GAP).to_bytes(), words, roster=session.names)
+    client.submit(replace(spec, sequence=2 * MAX_SEQUENCE_GAP).to_bytes(), words, roster=session.names)
 
 
 def test_a_searching_server_never_locks_a_client_out():
@@ -64,14 +67,14 @@ def test_a_searching_server_never_locks_a_client_out():
         if not 0 <= sequence < 1 << 64:
             continue
         try:
-            client.submit(replace(spec, sequence=sequence).to_bytes(), words)
+            client.submit(replace(spec, sequence=sequence).to_bytes(), words, roster=session.names)
             taken.append(sequence)
         except ClientAbort as abort:
             assert abort.reason in (REPLAY, SEQUENCE_JUMP)
             assert (sequence <= last) == (abort.reason == REPLAY)
     assert taken == sorted(set(taken))
     assert all(b - a <= MAX_SEQUENCE_GAP for a, b in zip([0, *taken], taken, strict=False))
-    client.submit(replace(spec, sequence=taken[-1] + 1).to_bytes(), words)
+    client.submit(replace(spec, sequence=taken[-1] + 1).to_bytes(), words, roster=session.names)
 
 
 def _aggregate(session, spec):
@@ -111,6 +114,6 @@ def test_a_new_epoch_with_the_same_key_keeps_the_counter():
     again.enroll(0, session.identities[0].public)
     client.receive_welcome(again.register(client.receive_announcement(again.announcement())))
     spec = RoundSpec(sequence=1, length=5, slot_bits=slot_bits_for(WORD_BOUND, 3),
-                     word_bound=WORD_BOUND, max_contributions=3)
+                     word_bound=WORD_BOUND, max_contributions=3, roster=roster_digest(session.names))
     with pytest.raises(ClientAbort, match=REPLAY):
-        client.submit(spec.to_bytes(), np.zeros(4, dtype=np.uint64))
+        client.submit(spec.to_bytes(), np.zeros(4, dtype=np.uint64), roster=session.names)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import random
 import struct
+from dataclasses import replace
 
 import numpy as np
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, encode
+from fedsec.protocols.paillier.spec import roster_digest
 
 from tests.protocols.paillier_helpers import make_paillier_session
 
@@ -68,7 +70,8 @@ def test_every_threshold_seam_refuses_malformed_input_with_a_typed_error():
     _fuzz(rng, lambda m: s.coordinator(server).combine({0: m, 1: responses[1]}), responses[0], 30)
     _fuzz(rng, lambda m: s.clients[1].receive_verification_keys(m), s.keys)
     _fuzz(rng, lambda m: s.clients[1].receive_announcement(m), s.dealer.announcement())
-    _fuzz(rng, lambda m: s.clients[1].submit(m, np.zeros(spec.length - 1, dtype=np.uint64)),
+    _fuzz(rng, lambda m: s.clients[1].submit(m, np.zeros(spec.length - 1, dtype=np.uint64),
+                                             roster=s.names),
           spec.to_bytes())
 
 
@@ -88,12 +91,13 @@ def test_the_key_holder_answers_bytes_to_anything_even_server_signed():
         wb = rng.choice([1, 2**16 - 1, 2**63, 2**64 - 1, rng.randrange(1, 2**40)])
         mc = rng.choice([1, 2, 3, 4, 2**32 - 1, rng.randrange(1, 100)])
         sb = (wb * mc).bit_length() if rng.random() < 0.9 else rng.randrange(256)
-        raw = struct.pack(">QIBQI?", holder.last_sequence + 1,
+        raw = struct.pack(">QIBQI?32s", holder.last_sequence + 1,
                           rng.choice([1, 2, 5, 2**32 - 1, rng.randrange(1, 10**6)]),
-                          sb & 0xFF, wb, mc, rng.random() < 0.9)
+                          sb & 0xFF, wb, mc, rng.random() < 0.9,
+                          rng.choice([bytes(32), roster_digest(k.names), rng.randbytes(32)]))
         unsigned = DecryptionRequest(raw, tuple(rng.sample(range(6), rng.randrange(0, 6))),
-                                     bytes(rng.randrange(256) for _ in range(rng.randrange(200))))
+                                     bytes(rng.randrange(256) for _ in range(rng.randrange(200))),
+                                     roster=rng.choice([(), k.names, k.names[::-1], ("x", "x")]))
         signature = k.server_identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
-        data = encode(DecryptionRequest(unsigned.spec, unsigned.participants, unsigned.batch,
-                                        signature))
+        data = encode(replace(unsigned, signature=signature))
         assert isinstance(holder.respond(data), bytes)

@@ -21,6 +21,7 @@ from fedsec.protocols.paillier.messages import (
     decode,
     encode,
 )
+from fedsec.protocols.paillier.spec import NO_ROSTER, roster_digest
 from fedsec.secagg.paillier import DJNRandomness, decode_batch, encode_batch, encrypt, generate_keypair
 from fedsec.secagg.paillier.packing import MAC_PRIME
 
@@ -108,11 +109,12 @@ def test_malformed_submissions_are_refused_and_change_nothing(session):
     assert np.array_equal(words, session.expected(range(4)))
 
 
-def _request(session, spec, participants, values, *, signer=None, batch_round=None):
+def _request(session, spec, participants, values, *, signer=None, batch_round=None, names=None):
     """A decryption request as the (lying) server builds it, signed with its identity."""
     public = session.public_key
     batch = encode_batch(public, spec.sequence if batch_round is None else batch_round, values)
-    unsigned = DecryptionRequest(spec.to_bytes(), tuple(participants), batch)
+    unsigned = DecryptionRequest(spec.to_bytes(), tuple(participants), batch,
+                                 roster=session.names if names is None else tuple(names))
     signature = (signer or session.server_identity).sign(REQUEST_DOMAIN + unsigned.signed_part())
     return encode(replace(unsigned, signature=signature))
 
@@ -127,7 +129,10 @@ LIES = {"claims a dropped client": TAGS, "one client claimed as many": TAGS,
         "data offset": TAGS, "offset that carries": TAGS, "offset in a padding slot": TAGS,
         "tag field plus p": "tags", "signed by a client": "not signed by the server",
         "unsigned": "not signed by the server", "sequence 2^64 - 1": "not the next",
-        "old sequence": "not the next"}
+        "old sequence": "not the next", "another roster's digest": TAGS,
+        "names off the digest": "do not hash", "names reordered": "canonical",
+        "a name twice": "malformed", "no roster": "bound to no roster",
+        "a roster without a contributor": "outside the spec's roster"}
 
 
 @pytest.mark.parametrize("lie", list(LIES))
@@ -174,13 +179,27 @@ def test_key_holder_refuses_every_aggregate_it_cannot_authenticate(session, lie)
             data = _request(session, spec, [0, 1, 2, 3, 9], total)
         elif lie == "other spec":
             other = RoundSpec(spec.sequence, spec.length, spec.slot_bits + 1, spec.word_bound * 2,
-                              spec.max_contributions)
+                              spec.max_contributions, roster=spec.roster)
             data = _request(session, other, ids, total)
         elif lie == "stale ciphertexts":
             holder.decrypt(server.decryption_request())
             data = _request(session, session.spec(length=300), ids, total)
         elif lie == "batch for another round":
             data = _request(session, spec, ids, total, batch_round=spec.sequence + 1)
+        elif lie == "another roster's digest":  # the clients' tags bind their own roster's digest
+            wider = (*session.names, "outsider")
+            data = _request(session, replace(spec, roster=roster_digest(wider)), ids, total, names=wider)
+        elif lie == "names off the digest":
+            data = _request(session, spec, ids, total, names=(*session.names, "outsider"))
+        elif lie == "names reordered":
+            data = _request(session, spec, ids, total, names=session.names[::-1])
+        elif lie == "a name twice":
+            data = _request(session, spec, ids, total, names=(session.names[0], *session.names))
+        elif lie == "no roster":
+            data = _request(session, replace(spec, roster=NO_ROSTER), ids, total)
+        elif lie == "a roster without a contributor":  # its digest and names agree; client 3 is not in it
+            narrow = session.names[:3]
+            data = _request(session, replace(spec, roster=roster_digest(narrow)), ids, total, names=narrow)
         elif lie == "untagged":
             untagged = RoundSpec(spec.sequence, spec.length, spec.slot_bits, spec.word_bound,
                                  spec.max_contributions, tagged=False)
@@ -265,20 +284,20 @@ def test_client_rules(session):
     client = session.clients[0]
     spec = session.spec()
     words = np.zeros(spec.length - 1, dtype=np.uint64)
-    client.submit(spec.to_bytes(), words)
+    client.submit(spec.to_bytes(), words, roster=session.names)
     with pytest.raises(ClientAbort, match=client_rules.REPLAY):
-        client.submit(spec.to_bytes(), words)
+        client.submit(spec.to_bytes(), words, roster=session.names)
     spec = session.spec()
     with pytest.raises(ClientAbort, match=client_rules.BAD_WORDS):
-        client.submit(spec.to_bytes(), words + np.uint64(spec.word_bound + 1))
+        client.submit(spec.to_bytes(), words + np.uint64(spec.word_bound + 1), roster=session.names)
     with pytest.raises(ClientAbort, match=client_rules.BAD_WORDS):
-        client.submit(spec.to_bytes(), words[:-1])
+        client.submit(spec.to_bytes(), words[:-1], roster=session.names)
     untagged = RoundSpec(spec.sequence, spec.length, spec.slot_bits, spec.word_bound,
                          spec.max_contributions, tagged=False)
     with pytest.raises(ClientAbort, match=client_rules.BAD_SPEC):
-        client.submit(untagged.to_bytes(), words)
+        client.submit(untagged.to_bytes(), words, roster=session.names)
     with pytest.raises(ClientAbort, match=client_rules.BAD_SPEC):
-        client.submit(b"\x00" * 5, words)
+        client.submit(b"\x00" * 5, words, roster=session.names)
     holder = session.key_holder
     announcement = holder.announcement()
     tampered = announcement[:-70] + bytes([announcement[-70] ^ 1]) + announcement[-69:]

@@ -35,7 +35,8 @@ from tests.protocols.paillier_helpers import WORD_BOUND, make_paillier_session
 
 def _sign(session, spec, participants, values) -> bytes:
     unsigned = DecryptionRequest(spec.to_bytes(), tuple(participants),
-                                 encode_batch(session.public_key, spec.sequence, values))
+                                 encode_batch(session.public_key, spec.sequence, values),
+                                 roster=session.names)
     signature = session.server_identity.sign(REQUEST_DOMAIN + unsigned.signed_part())
     return encode(replace(unsigned, signature=signature))
 
@@ -50,7 +51,7 @@ def _world(victim_words: np.ndarray):
     session = make_paillier_session(3, threshold=2, key_bits=512)
     spec = session.spec(length=30)
     submissions = session.submissions(spec, [1, 2], seed=1)
-    submissions[0] = session.clients[0].submit(spec.to_bytes(), victim_words)
+    submissions[0] = session.clients[0].submit(spec.to_bytes(), victim_words, roster=session.names)
     return session, spec, {c: _ciphertexts(session, spec, d) for c, d in submissions.items()}
 
 
@@ -215,14 +216,14 @@ def test_a_welcome_the_server_forged_or_moved_is_refused():
     welcome = decode(holder.register(registration), Welcome)
     spec = session.spec(length=10)
     with pytest.raises(ClientAbort, match=client_rules.NOT_READY):
-        client.submit(spec.to_bytes(), np.zeros(spec.length - 1, dtype=np.uint64))
+        client.submit(spec.to_bytes(), np.zeros(spec.length - 1, dtype=np.uint64), roster=session.names)
     forged = [replace(welcome, sealed=welcome.sealed[:-1] + bytes([welcome.sealed[-1] ^ 1])),
               replace(welcome, client_id=1), replace(welcome, epoch=2), b"junk"]
     for message in forged:
         with pytest.raises(ClientAbort):
             client.receive_welcome(message if isinstance(message, bytes) else encode(message))
     client.receive_welcome(encode(welcome))
-    client.submit(spec.to_bytes(), np.zeros(spec.length - 1, dtype=np.uint64))
+    client.submit(spec.to_bytes(), np.zeros(spec.length - 1, dtype=np.uint64), roster=session.names)
 
 
 def test_memory_store_accepts_only_the_next_number():
@@ -243,7 +244,8 @@ def test_new_messages_round_trip_and_refuse_truncation():
 
     messages = [Welcome(3, bytes(range(16)), 2**64 - 1, b"sealed"), Refusal(),
                 Announcement(1, b"pk", bytes(32), 2, bytes(64), 7),
-                DecryptionRequest(b"spec", (1, 2), b"batch", bytes(range(64)))]
+                DecryptionRequest(b"spec", (1, 2), b"batch", bytes(range(64))),
+                DecryptionRequest(b"spec", (), b"", bytes(64), ("hosp-a", "hosp-\u00e9"))]
     for message in messages:
         data = encode(message)
         assert decode(data, type(message)) == message

@@ -87,7 +87,7 @@ def test_searching_server_with_a_colluder_learns_only_sums_over_its_list():
                 c = c * pow(int(cts[h][k]), exps[h][k], int(pk.n_square)) % pk.n_square
             values.append(c)
         unsigned = DecryptionRequest(spec.to_bytes(), tuple(members),
-                                     encode_batch(pk, spec.sequence, values))
+                                     encode_batch(pk, spec.sequence, values), roster=session.names)
         request = encode(replace(unsigned, signature=session.server_identity.sign(
             REQUEST_DOMAIN + unsigned.signed_part())))
         answer = holder.respond(request)

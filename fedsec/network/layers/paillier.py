@@ -62,6 +62,7 @@ from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
+from fedsec.protocols.paillier.spec import NO_ROSTER, roster_digest
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
@@ -100,10 +101,12 @@ def plan_threshold(context_config: Any, population: int) -> int:
     return s.threshold or default_threshold(clients_per_round(t.fraction, population))
 
 
-def round_spec(*, sequence: int, length: int, clients: int, word_bound: int, tagged: bool) -> RoundSpec:
-    """The spec of one aggregation of ``clients`` vectors of ``length`` values (as the simulation)."""
+def round_spec(*, sequence: int, length: int, clients: int, word_bound: int, tagged: bool,
+               roster: bytes = NO_ROSTER) -> RoundSpec:
+    """The spec of one aggregation of ``clients`` vectors of ``length`` values (as the simulation),
+    bound to the roster digest ``roster`` (key-holder custody: the plan's :func:`roster_digest`)."""
     return RoundSpec(sequence=sequence, length=length + 3, slot_bits=slot_bits_for(word_bound, clients),
-                     word_bound=word_bound, max_contributions=clients, tagged=tagged)
+                     word_bound=word_bound, max_contributions=clients, tagged=tagged, roster=roster)
 
 
 def announcer_identity(context: SiteContext, certificate: Any) -> bytes:
@@ -359,11 +362,11 @@ class KeyHolderCustody(_Custody):
             raise ProtocolAbort(f"the key holder did not answer ({getattr(error, 'code', 'malformed')})") \
                 from None
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
-                          tagged=True)
+                          tagged=True, roster=roster_digest(ctx.names))
         server = PaillierServer(self._public_key, spec, expected=ids, threshold=self.threshold,
                                 identities={c: raw_identity(ctx.peers[ctx.names[c]].identity_key) for c in ids
                                             if ctx.names[c] in ctx.peers},
-                                identity=ctx.identity)
+                                identity=ctx.identity, roster=ctx.names)
         ready = self._enrol(ids)
         setup = {**setup, "announcement": self._announcement.hex(), "announcer": self._certificate}
         outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if seeds else {})}, b"") for c in ready}
@@ -489,6 +492,7 @@ class KeyHolderSite:
             raise ClientAbort(BAD_SETUP)
         SITE_CLIENTS[key] = held
         self.held, self.registration, self.encoding = held, registration, encoding
+        self.roster = tuple(context.names)
 
     def client_threshold(self) -> int:
         """The decryption threshold of the announced key (submissions per decrypted sum)."""
@@ -508,5 +512,7 @@ class KeyHolderSite:
             if welcome:
                 self.held.client.receive_welcome(welcome)
                 self.held.welcomed = True
-            return self.held.client.submit(spec_bytes, self.encoding.words(spec))
+            # the spec must bind this site's own plan's roster (PaillierClient refuses another):
+            # the key holder then counts only sites of that roster towards its threshold
+            return self.held.client.submit(spec_bytes, self.encoding.words(spec), roster=self.roster)
         raise ClientAbort(BAD_SETUP)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from cryptography import x509
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
 
 from fedsec.network.keyholder import load_identity
@@ -78,6 +79,8 @@ class Federation:
     clients: dict[int, PaillierClient]
     coordinator_identity: object
     rng: np.random.Generator
+    names: tuple[str, ...] = ()
+    """The roster: every enrolled site's certificate name."""
 
     def round(self, sequence: int, length: int = 40) -> tuple[RoundSpec, PaillierServer, np.ndarray]:
         """Every site submits random words for ``sequence``; returns the spec, the server (all
@@ -85,15 +88,15 @@ class Federation:
         bound = 1000
         n = len(self.clients)
         spec = RoundSpec(sequence=sequence, length=length, slot_bits=slot_bits_for(bound, n),
-                         word_bound=bound, max_contributions=n, tagged=True)
+                         word_bound=bound, max_contributions=n, tagged=True, roster=roster_digest(self.names))
         server = PaillierServer(self.public_key, spec, expected=list(self.clients), threshold=2,
                                 identities={c: cl._identity.public for c, cl in self.clients.items()},
-                                identity=self.coordinator_identity)
+                                identity=self.coordinator_identity, roster=self.names)
         total = np.zeros(length, dtype=np.uint64)
         for c, client in self.clients.items():
             words = self.rng.integers(0, bound + 1, size=length - 1).astype(np.uint64)
             total[:-1] += words
-            server.receive(c, client.submit(spec.to_bytes(), words))
+            server.receive(c, client.submit(spec.to_bytes(), words, roster=self.names))
         total[-1] = n
         return spec, server, total
 
@@ -110,4 +113,4 @@ def enrol_sites(study, client: KeyHolderClient, names: list[str], rng: np.random
         site.receive_welcome(client.register(site.receive_announcement(announcement)))
         clients[client_id] = site
     coordinator = load_identity(identity_path(study.parties["coordinator"]))
-    return Federation(clients[0].public_key, clients, coordinator, rng)
+    return Federation(clients[0].public_key, clients, coordinator, rng, tuple(names))

@@ -4,11 +4,14 @@ with ``ClientAbort`` or a ``ValueError`` (what the site framework turns into a r
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from fedsec.protocols.errors import ClientAbort
 from fedsec.protocols.paillier import RoundSpec
 from fedsec.protocols.paillier.messages import Submission, decode
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.protocols.wire import Writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,7 +67,7 @@ def valid_spec(sequence: int, clients: int = 2, max_weight: int = 10, purpose: s
 
     encoder = encoder_for(purpose, clients=clients, length=LENGTH, max_weight=max_weight, clip=1.0, bits=16)
     return layer.round_spec(sequence=sequence, length=LENGTH, clients=clients, word_bound=encoder.word_bound,
-                            tagged=True)
+                            tagged=True, roster=roster_digest(NAMES))
 
 
 def test_the_honest_setup_and_spec_give_a_submission(world):
@@ -84,7 +87,7 @@ def test_the_honest_setup_and_spec_give_a_submission(world):
 @given(changes=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=3),
        flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=2),
        spec_change=st.sampled_from(["none", "word_bound", "length", "clients", "flag", "garbage",
-                                    "sequence"]),
+                                    "sequence", "roster"]),
        weight=st.integers(1, 12), data=st.data())
 def test_a_lying_coordinator_gets_a_refusal_or_a_submission_under_the_sites_own_encoding(
         world, changes, flips, spec_change, weight, data):
@@ -106,13 +109,15 @@ def test_a_lying_coordinator_gets_a_refusal_or_a_submission_under_the_sites_own_
         raw = spec.to_bytes()
         if spec_change == "word_bound":
             raw = RoundSpec(spec.sequence, spec.length, spec.slot_bits + 1, spec.word_bound * 2 + 1,
-                            spec.max_contributions, True).to_bytes()
+                            spec.max_contributions, True, spec.roster).to_bytes()
         elif spec_change == "length":
-            raw = valid_spec(spec.sequence).to_bytes()[:-1] + b"\x00"
+            raw = valid_spec(spec.sequence).to_bytes()[:-33] + b"\x00" + spec.roster
         elif spec_change == "clients":
             raw = valid_spec(spec.sequence, clients=3).to_bytes()
         elif spec_change == "flag":
-            raw = raw[:-1] + b"\x07"
+            raw = raw[:-33] + b"\x07" + spec.roster
+        elif spec_change == "roster":
+            raw = replace(spec, roster=roster_digest(NAMES + ("hosp-c",))).to_bytes()
         elif spec_change == "garbage":
             raw = data.draw(st.binary(max_size=64))
         elif spec_change == "sequence":

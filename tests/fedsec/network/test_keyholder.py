@@ -13,6 +13,7 @@ from fedsec.protocols.errors import MalformedMessage
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec
 from fedsec.protocols.paillier.keyholder import REFUSAL
 from fedsec.protocols.paillier.messages import REQUEST_DOMAIN, DecryptionRequest, decode, encode
+from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.paillier import slot_bits_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -90,14 +91,20 @@ def site_client(study, service, client_id: int, name: str) -> PaillierClient:
     return client
 
 
-def aggregation(study, clients, sequence: int):
+ROSTER = ("hosp-a", "hosp-b")
+
+
+def aggregation(study, clients, sequence: int, roster=ROSTER):
     spec = RoundSpec(sequence=sequence, length=8, slot_bits=slot_bits_for(100, len(clients)),
-                     word_bound=100, max_contributions=len(clients), tagged=True)
+                     word_bound=100, max_contributions=len(clients), tagged=True,
+                     roster=roster_digest(roster))
     server = PaillierServer(clients[0].public_key, spec, expected=[c.client_id for c in clients],
                             threshold=2, identities={c.client_id: c._identity.public for c in clients},
-                            identity=load_identity(identity_path(study.parties["coordinator"])))
+                            identity=load_identity(identity_path(study.parties["coordinator"])),
+                            roster=roster)
     for c in clients:
-        server.receive(c.client_id, c.submit(spec.to_bytes(), np.full(7, c.client_id + 1, dtype=np.uint64)))
+        server.receive(c.client_id, c.submit(spec.to_bytes(), np.full(7, c.client_id + 1, dtype=np.uint64),
+                                             roster=roster))
     return server
 
 
