@@ -1,13 +1,17 @@
-"""Review S5 (item 1): under key-holder custody a site provisions its client-level noise share for
-c = floor(corrupt x ITS roster) colluders, but the key holder (started without ``--sites``, the
-documented default) enrols and counts any site the study's root certified. A coordinator that
-enrols a certified site outside the plan's roster, and has it submit, obtains a decrypted sum of
-t = 3 submissions of which only 2 are the roster's honest sites: their shares, mu / (3 - 0) each,
-add up to 2 mu / 3 < mu, although no site of the victims' roster colludes (c = 0 holds).
+"""Review S5 (item 1), fixed: under key-holder custody a site provisions its client-level noise
+share for c = floor(corrupt x ITS roster) colluders, and the key holder (started without
+``--sites``, the default) enrols any site the study's root certified. Before the fix a coordinator
+that enrolled a certified site outside the plan's roster, and had it submit, obtained a decrypted
+sum of t = 3 submissions of which only 2 were the roster's honest sites: mu / 3 each, 2 mu / 3 < mu
+in all, although no site of the victims' roster colluded (c = 0 holds).
 
 Adversary: the coordinator (unmodified layer code, run with a 4-name roster the sites never saw)
-plus one certified site that is not in the plan (hosp-c); the key holder and the roster's sites
-are the project's unmodified parties.
+plus one certified site that is not in the plan (hosp-c, running the unmodified site layer under
+the coordinator's plan); the key holder and the roster's sites are the project's unmodified
+parties. Now each spec carries the digest of the roster it is for: the honest sites refuse the
+coordinator's 4-name roster, so no sum of >= t submissions exists and nothing is decrypted (the
+key holder logs the refused request). The search over every other way to mix outsiders in is
+``tests/review/test_paillier_roster_search.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import numpy as np
 import pytest
 from fedsec.dp import SecureRandom
 from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.paillier.client import OTHER_ROSTER
 
+from fedsec.audit.log import read_events
 from fedsec.config import make_config
 from fedsec.network.client_noise import noise_rule
 from fedsec.network.layers import LAYERS
@@ -43,14 +50,8 @@ def _config(names, address):
                         "dp.reproducible": False})
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="review S5-1 (open, documented in docs/privacy.md section 4 and the key holder's "
-                          "--sites row of docs/deployment.md): the key holder counts a certified site "
-                          "outside the plan's roster towards t, so the honest shares in a decrypted sum "
-                          "add up to 2 mu / 3 < mu; the fix (the key holder enforcing the plan's roster) "
-                          "is not built")
-def test_a_site_outside_the_roster_counts_towards_the_key_holders_threshold(study, request, tmp_path):  # noqa: F811
-    address, _ = request.getfixturevalue("keyholder")
+def test_a_site_outside_the_roster_no_longer_counts_towards_the_threshold(study, request, tmp_path):  # noqa: F811
+    address, runner = request.getfixturevalue("keyholder")
     honest_plan, lying_plan = _config(ROSTER, address), _config(NAMES, address)
     side = Sites(study, lying_plan, NAMES, {c: np.full(LENGTH, 0.05, np.float32) for c in range(4)},
                  {c: 1 for c in range(4)}, tmp_path / "sites")
@@ -62,10 +63,18 @@ def test_a_site_outside_the_roster_counts_towards_the_key_holders_threshold(stud
     coordinator = LAYERS["paillier"][0](coordinator_context(study, lying_plan, side, 5))
     coordinator.client_noise = (rule, SecureRandom())
     # the victims hosp-a, hosp-b and the outsider hosp-c (id 3); hosp-x is simply not asked
-    result = coordinator.aggregate(1, [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1) for c in (0, 1, 3)])
-    assert side.aborts == {}
-    assert result.participants == (0, 1, 3)  # decrypted: t = 3 submissions, one from outside the roster
-    honest = [c for c in result.participants if c < 3]
-    honest_noise = sum(side.layers[c].encoding.noise.variance for c in honest)
-    assert honest_noise >= rule.total_variance * (1 - 1e-12), (
-        f"honest noise {honest_noise / rule.total_variance:.3f} mu in the released sum")
+    updates = [ClientUpdate(c, np.zeros(LENGTH, np.float32), 1) for c in (0, 1, 3)]
+    try:
+        result = coordinator.aggregate(1, updates)
+    except ProtocolAbort as refused:  # nothing decrypted: the round aborts, visibly
+        assert "contributions; only sums of >= 3" in str(refused)
+    else:
+        honest = [c for c in result.participants if c < 3]
+        honest_noise = sum(side.layers[c].encoding.noise.variance for c in honest)
+        raise AssertionError(f"released a sum with {honest_noise / rule.total_variance:.3f} mu of noise")
+    # the honest sites refused the spec of a roster they never agreed to; the outsider submitted
+    assert side.aborts == {0: OTHER_ROSTER, 1: OTHER_ROSTER}
+    events = read_events(runner.service.state.audit_path)
+    assert not [e for e in events if e.action == "decrypt.served"]
+    refused = [e for e in events if e.action == "decrypt.refused"]
+    assert len(refused) == 1 and "contributors, need between 3" in refused[0].payload()["reason"]
