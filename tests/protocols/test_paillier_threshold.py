@@ -16,6 +16,7 @@ from fedsec.protocols.paillier.binding import quorum
 from fedsec.protocols.paillier.coordinator import BAD_PROOF
 from fedsec.protocols.paillier.messages import SUBMIT_DOMAIN, Submission, decode, encode
 from fedsec.secagg.errors import InvalidArgumentError
+from fedsec.secagg.keys import SigningKey
 from fedsec.secagg.paillier import decode_batch, encode_batch
 
 from tests.protocols.paillier_helpers import make_paillier_session
@@ -197,6 +198,32 @@ def test_parties_refuse_what_they_cannot_check(session):
     with pytest.raises(ClientAbort, match=client_rules.BAD_SPEC):
         session.clients[4].decryption_share(tm.encode(tm.CertifiedRequest(
             tagged.to_bytes(), request.submissions, request.endorsements)))
+
+
+def test_a_contributor_outside_the_parties_roster_is_never_endorsed_or_decrypted(session):
+    """Review S5-1, checked for threshold custody: a party endorses and decrypts only lists of its
+    dealt roster's ids, each submission signed by that id's roster identity key, so a site outside
+    the roster (its own valid key, under its own id or a roster id) is refused, even with every
+    party's endorsement forged."""
+    spec = session.spec()
+    raw = list(session.submissions(spec, [0, 1]).values())
+    first = decode(raw[0], Submission)
+    outsider = SigningKey.generate()
+
+    def signed_by_outsider(client_id: int) -> bytes:
+        unsigned = Submission(client_id, first.spec_digest, first.batch, proof=first.proof)
+        return encode(Submission(client_id, first.spec_digest, first.batch,
+                                 outsider.sign(SUBMIT_DOMAIN + unsigned.signed_part()), first.proof))
+
+    listed = [*raw, signed_by_outsider(9)]
+    listing = tm.ContributorList(spec.to_bytes(), tuple(sorted(
+        (decode(r, Submission).client_id, hashlib.sha256(r).digest()) for r in listed)))
+    with pytest.raises(ClientAbort, match=party_rules.BAD_LIST):
+        session.clients[0].endorse(tm.encode(listing))
+    for client_id in (9, 2):  # its own id, or the id of a roster site that did not submit
+        with pytest.raises(ClientAbort, match=party_rules.UNAUTHENTICATED):
+            session.clients[3].decryption_share(_forced_request(session, spec,
+                                                                [*raw, signed_by_outsider(client_id)]))
 
 
 def test_a_forged_verification_key_message_is_refused(session):
