@@ -23,6 +23,9 @@ Topics (each one call, answered by one reply):
 * ``paillier/decrypt`` (a signed DecryptionRequest) -> the DecryptionResult or the fixed
   ``REFUSAL`` bytes. The request's signature is checked against the identity key in the
   certificate of the coordinator on this very TLS connection, never a key sent in a message.
+  The request names the roster its spec's roster digest commits to; only contributors enrolled
+  under a certificate name of that roster count (review S5-1: every honest site tags its
+  submission under its own plan's roster digest), so ``--sites`` is defence in depth.
 * ``paillier/status`` (empty) -> JSON ``{"key_id", "epoch", "threshold", "last_sequence",
   "certificate", "head"}`` (public facts; a restarted coordinator learns the next sequence number
   from it, and relays the key holder's certificate, PEM, to the sites with its announcement).
@@ -31,8 +34,8 @@ Every call is written to the key holder's signed ``audit.db`` as the coordinator
 writes it (:mod:`fedsec.network.party_audit`: ``receive`` of the request and ``send`` of the reply,
 topic, size and SHA-256, never contents; so ``fedsec audit reconcile`` pairs the two logs), with
 the decision: ``enrol`` / ``enrol.refused`` (reason), ``register``, ``decrypt.served`` (sequence,
-contributors) or ``decrypt.refused`` (sequence and the **reason**, which only this log ever holds:
-the peer gets one opaque refusal). ``paillier/status`` carries the log's head, which the
+contributors, the roster digest) or ``decrypt.refused`` (sequence and the **reason**, which only
+this log ever holds: the peer gets one opaque refusal). ``paillier/status`` carries the log's head, which the
 coordinator acknowledges in its own log (tail truncation becomes detectable). Calls are served
 one at a time, on one thread (:class:`OneThread`): the protocol object is not thread-safe,
 SQLite connections belong to the thread that opened them, and decryptions are CPU-bound anyway.
