@@ -114,6 +114,7 @@ class PaillierAggregation(AggregationProtocol):
         self._min_key_bits = min(key_bits, 2048)
         self._clients: dict[int, PaillierClient] = {}
         self._sequence = 0
+        self._population_roster: tuple[str, ...] = ()
         self.client_noise: ShiftedNoise | None = None
         """Shifted integer noise every client adds to its encoded update (client-level DP)."""
 
@@ -133,8 +134,11 @@ class PaillierAggregation(AggregationProtocol):
         """The simulated roster (key-holder custody binds it into every spec): the names of the
         ``population`` clients 0 .. population - 1, or, with no population given, of the
         call's valid clients (the population :meth:`tolerated_colluders` assumes then)."""
-        ids = range(self.population) if self.population else sorted({u.client_id for u in valid})
-        return tuple(default_name(c) for c in ids)
+        if self.population:
+            if len(self._population_roster) != self.population:
+                self._population_roster = tuple(default_name(c) for c in range(self.population))
+            return self._population_roster
+        return tuple(default_name(c) for c in sorted({u.client_id for u in valid}))
 
     def _client(self, client_id: int, transport: Transport) -> PaillierClient:
         """The client object of ``client_id``, set up (enrolled, key share, registered) on first use."""

@@ -135,6 +135,7 @@ class PaillierKeyHolder:
         self._roster: dict[int, bytes] = {}
         self._names: dict[int, str] = {}
         """Client id -> the roster name it was enrolled under (one name per id, one id per name)."""
+        self._ids: dict[str, int] = {}
         self._tag_keys: dict[int, bytes] = {}
         self._registered: dict[int, set[bytes]] = {}
         """Every tag key each client registered under this key and epoch (replays are refused)."""
@@ -158,9 +159,9 @@ class PaillierKeyHolder:
         if self._roster.get(client_id, identity_public) != identity_public or \
                 self._names.get(client_id, name) != name:
             raise InvalidArgumentError(f"client {client_id} is enrolled with another identity key or name")
-        if any(c != client_id and n == name for c, n in self._names.items()):
+        if self._ids.get(name, client_id) != client_id:
             raise InvalidArgumentError(f"the name {name!r} is enrolled under another client id")
-        self._roster[client_id], self._names[client_id] = identity_public, name
+        self._roster[client_id], self._names[client_id], self._ids[name] = identity_public, name, client_id
 
     def announcement(self) -> bytes:
         """The signed key announcement every client checks before registering."""

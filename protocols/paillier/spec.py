@@ -25,6 +25,7 @@ argument for why nothing else does (with its adversaries) is in docs/paillier-ke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -71,7 +72,18 @@ def canonical_roster(names: Sequence[str]) -> tuple[str, ...]:
 def roster_digest(names: Sequence[str]) -> bytes:
     """SHA-256 of the canonical roster (sorted names, length-prefixed UTF-8): what a spec binds.
 
-    Raises MalformedMessage on a roster :func:`canonical_roster` refuses."""
+    Raises MalformedMessage on a roster :func:`canonical_roster` refuses. The last few rosters'
+    digests are cached (a simulated client checks its population's roster every round)."""
+    if isinstance(names, str | bytes):
+        raise MalformedMessage("roster: must be a non-empty list of names")
+    try:
+        return _roster_digest(tuple(names))
+    except TypeError:
+        raise MalformedMessage("roster: names must be text") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _roster_digest(names: tuple[str, ...]) -> bytes:
     ordered = canonical_roster(names)
     w = Writer().fixed(_ROSTER_DOMAIN, len(_ROSTER_DOMAIN)).u32(len(ordered))
     for name in ordered:
