@@ -20,10 +20,12 @@ What a site checks itself (never taken from the coordinator): the announcer's ce
 (the study's root, role ``keyholder``, name ``federation.keyholder_name`` of its own copy of the
 plan) and so the announcer's identity key; the encoder's clip and bits (its plan, or the
 statistics clip); that the spec's word bound and length are the ones its own encoder gives for the
-announced number of contributions and weight bound; the sequence number only moves forward
-(:class:`PaillierClient`). Under ``dp.reproducible`` a site rounds with the seed it is sent, drawn
-by the coordinator from the run generator in the simulation's order; otherwise with its own
-OS-seeded generator.
+announced number of contributions and weight bound; under key-holder custody that the spec's
+roster digest is its own plan's ``federation.sites`` (its tags bind it, and the key holder counts
+only contributors enrolled under a name of that roster: review S5-1); the sequence number only
+moves forward (:class:`PaillierClient`). Under ``dp.reproducible`` a site rounds with the seed it
+is sent, drawn by the coordinator from the run generator in the simulation's order; otherwise
+with its own OS-seeded generator.
 
 A site keeps its :class:`PaillierClient` for the life of its process (:data:`SITE_CLIENTS`, one per
 site name and announcer): the key holder's welcome, the last sequence number submitted and, under
