@@ -258,6 +258,7 @@ def _play(w: World, choose, sequence: int) -> str:
     return f"decrypted {len(chosen)} ({len(honest)} honest)"
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
