@@ -38,13 +38,13 @@ import warnings
 from collections import OrderedDict
 
 import numpy as np
+from fedsec.dp.analysis.prv_discretise import discretise
 from fedsec.dp.analysis.prv_spectral import SparseComposition, kept_frequencies
 from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.analysis.prv import (
     Domain,
     PoissonSubsampledGaussianPRV,
     TruncatedPrivacyRandomVariable,
-    discretize,
 )
 from opacus.accountants.analysis.prv.prvs import DiscretePRV
 from opacus.accountants.rdp import RDPAccountant
@@ -148,7 +148,7 @@ class _Bucket:
         truncated = TruncatedPrivacyRandomVariable(prv, domain.t_min, domain.t_max)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)  # log(0) inside Opacus at q = 1
-            dprv = discretize(truncated, domain)
+            dprv = discretise(truncated, domain)
         self.top, self.low, self.size = top, bucket_floor(top), size
         self.domain = dprv.domain
         spectrum = fft.rfft(dprv.pmf)

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 from fedsec.dp import Accountant
-from fedsec.dp.analysis import prv, prv_running, prv_spectral
+from fedsec.dp.analysis import prv, prv_discretise, prv_running, prv_spectral
 from fedsec.dp.ledger import GaussianEvent
 from fedsec.fl_core.history import RoundRecord
 from fedsec.protocols.privacy import PrivacyBudget
@@ -194,3 +194,29 @@ def test_the_cached_rdp_gives_opacus_safe_domain_size_exactly(sigma, q, steps):
         expected = compute_safe_domain_size(prvs=[one], max_self_compositions=[steps],
                                             eps_error=prv_running.EPS_ERROR, delta_error=DELTA_ERROR)
     assert prv_running.safe_domain_size(prv_running.one_step_rdp(one), steps, DELTA_ERROR) == expected
+
+
+@given(sigma=st.floats(0.3, 50.0), q=st.sampled_from([0.001, 0.01, 0.1, 16 / 114, 0.5, 1.0]),
+       top=st.integers(1, 300))
+@settings(max_examples=12, deadline=None)
+def test_the_banded_discretisation_is_opacus_discretize_bit_for_bit(sigma, q, top):
+    """The one-step PMF computed on its non-zero band only equals Opacus' discretize over the
+    whole domain, every value, and the mean-shifted domain too."""
+    from opacus.accountants.analysis.prv import Domain, TruncatedPrivacyRandomVariable, discretize
+
+    one = PoissonSubsampledGaussianPRV(q, sigma)
+    half = prv_running.safe_domain_size(prv_running.one_step_rdp(one), top, DELTA_ERROR)
+    mesh = prv_running.EPS_ERROR / np.sqrt(top * np.log(12 / DELTA_ERROR) / 2)
+    domain = Domain.create_aligned(-half, half, mesh)
+    truncated = TruncatedPrivacyRandomVariable(one, domain.t_min, domain.t_max)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            expected = discretize(truncated, domain)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                prv_discretise.discretise(truncated, domain)
+            return
+        got = prv_discretise.discretise(truncated, domain)
+    assert np.array_equal(got.pmf, expected.pmf)
+    assert got.domain == expected.domain
