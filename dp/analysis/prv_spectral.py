@@ -111,11 +111,27 @@ class SparseComposition:
         """Opacus' ``find_epsilon(target)`` on the composed PMF rolled by ``shift`` on the grid
         t_i = ``t_min`` + i ``dt`` (i < n), without the eps_error it adds. Raises
         RuntimeError("Cannot compute epsilon") where Opacus does (the first index is below)."""
+        return self.search(steps, shift, t_min, dt, target)[0]
+
+    def search(self, steps: int, shift: int, t_min: float, dt: float, target: float, *,
+               hint: int | None = None) -> tuple[float, int]:
+        """:meth:`epsilon` and the index i it found. ``hint`` (the index of a nearby search, e.g.
+        the last round's) brackets the interval search first: +-64 indices, widened 8 times
+        over until the hockey stick crosses the target inside; the index found is the same."""
         a = self._rolled(steps, shift)
-        lo, hi = 0, self.size - 1  # delta(t_{n-1}) = 0 <= target: hi always qualifies
-        d1, e2 = self._sums(a, np.array([lo]), dt)
-        if d1[0] - e2[0] <= target:
+        size = self.size
+        if self._delta(a, 0, dt) <= target:
             raise RuntimeError("Cannot compute epsilon")
+        lo, hi = 0, size - 1  # delta(t_{n-1}) = 0 <= target: hi always qualifies
+        if hint is not None:
+            width = 64
+            while width < size:
+                low, high = max(hint - width, 0), min(hint + width, size - 1)
+                d1, e2 = self._sums(a, np.array([low, high]), dt)
+                if (low == 0 or d1[0] - e2[0] > target) and d1[1] - e2[1] <= target:
+                    lo, hi = low, high
+                    break
+                width *= 8
         while hi - lo > 1:  # invariant: delta(t_lo) > target >= delta(t_hi)
             probes = np.unique(np.linspace(lo, hi, PROBES + 2).round().astype(np.int64)[1:-1])
             probes = probes[(probes > lo) & (probes < hi)]
@@ -128,5 +144,8 @@ class SparseComposition:
             else:
                 lo = int(probes[-1])
         d1, e2 = self._sums(a, np.array([hi]), dt)
-        t_hi = t_min + hi * dt
-        return float(t_hi + np.log((d1[0] - target) / e2[0]))
+        return float(t_min + hi * dt + np.log((d1[0] - target) / e2[0])), hi
+
+    def _delta(self, a: np.ndarray, index: int, dt: float) -> float:
+        d1, e2 = self._sums(a, np.array([index]), dt)
+        return float(d1[0] - e2[0])
