@@ -110,7 +110,9 @@ class SparseComposition:
     def epsilon(self, steps: int, shift: int, t_min: float, dt: float, target: float) -> float:
         """Opacus' ``find_epsilon(target)`` on the composed PMF rolled by ``shift`` on the grid
         t_i = ``t_min`` + i ``dt`` (i < n), without the eps_error it adds. Raises
-        RuntimeError("Cannot compute epsilon") where Opacus does (the first index is below)."""
+        RuntimeError("Cannot compute epsilon") where Opacus does (the first index is below), and
+        where rounding would leave its final formula undefined (the caller then computes it
+        exactly)."""
         return self.search(steps, shift, t_min, dt, target)[0]
 
     def search(self, steps: int, shift: int, t_min: float, dt: float, target: float, *,
@@ -144,6 +146,8 @@ class SparseComposition:
             else:
                 lo = int(probes[-1])
         d1, e2 = self._sums(a, np.array([hi]), dt)
+        if not (d1[0] > target and e2[0] > 0):  # never in exact arithmetic (delta(t_lo) > target)
+            raise RuntimeError("Cannot compute epsilon")
         return float(t_min + hi * dt + np.log((d1[0] - target) / e2[0])), hi
 
     def _delta(self, a: np.ndarray, index: int, dt: float) -> float:
