@@ -44,8 +44,8 @@ PROBES = 32
 
 
 def kept_frequencies(spectrum: np.ndarray, low_steps: int) -> np.ndarray:
-    """Indices k of the real spectrum with |F_k|^low_steps > TAU, hence |F_k|^T > TAU for
-    no T >= low_steps outside them."""
+    """Indices k of the real spectrum with |F_k|^low_steps > TAU; every other k has
+    |F_k|^T <= TAU for every T >= low_steps (|F_k| <= 1)."""
     with np.errstate(divide="ignore"):
         log_abs = np.log(np.abs(spectrum))
     return np.flatnonzero(low_steps * log_abs > math.log(TAU))
