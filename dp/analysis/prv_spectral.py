@@ -41,6 +41,13 @@ TAU = 1e-30
 """Coefficients with |F_k|^T <= TAU (the composed PMF's DFT, F_0 = 1) are dropped."""
 PROBES = 32
 """Indices evaluated per step of the interval search."""
+OPACUS_FINITE_T = 690.0
+"""Above this t_i (nats) Opacus' own arithmetic stops being finite: its d2 sums p_m exp(-t_m) term
+by term, and each term underflows to 0 once t_m > 744 + ln p_m (tail masses p_m of 1e-12 and less
+vanish from t = 716), which leaves d2 = 0 and epsilon = inf, where the closed-form E2 (scaled by
+exp(t_i)) stays finite (review S6-4). At t_i <= 690 every term with p_m >= 1e-14 is a normal or
+subnormal float with relative error <= 5e-6, far inside ``MARGIN``; above it the sparse search
+reports inf, so it is never below Opacus' from-scratch value."""
 
 
 def kept_frequencies(spectrum: np.ndarray, low_steps: int) -> np.ndarray:
@@ -148,6 +155,8 @@ class SparseComposition:
         d1, e2 = self._sums(a, np.array([hi]), dt)
         if not (d1[0] > target and e2[0] > 0):  # never in exact arithmetic (delta(t_lo) > target)
             raise RuntimeError("Cannot compute epsilon")
+        if t_min + hi * dt > OPACUS_FINITE_T:
+            return math.inf, hi
         return float(t_min + hi * dt + np.log((d1[0] - target) / e2[0])), hi
 
     def _delta(self, a: np.ndarray, index: int, dt: float) -> float:
