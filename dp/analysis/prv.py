@@ -3,8 +3,8 @@ upper end of its error interval (eps_error 0.01) is reported.
 
 A ledger of one Gaussian event, what a run with one cost profile keeps, goes through the cached
 :mod:`dp.analysis.prv_running` engine (the same computation on a domain shared by a bucket of
-step counts, plus its ``MARGIN``); any other ledger, or ``from_scratch``, through Opacus'
-``PRVAccountant``."""
+step counts, composed from the few Fourier coefficients that matter where the domain is large,
+plus its ``MARGIN``); any other ledger, or ``from_scratch``, through Opacus' ``PRVAccountant``."""
 
 from __future__ import annotations
 

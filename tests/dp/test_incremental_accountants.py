@@ -171,8 +171,9 @@ def test_a_resumed_budget_reports_the_same_epsilon(accountant):
 
 @pytest.mark.parametrize("sigma,q,steps", [(1.0, 0.01, 700), (2.0, 0.001, 5), (4.0, 1.0, 10), (0.8, 0.1, 64)])
 def test_the_prv_top_scan_is_opacus_compute_epsilon_bit_for_bit(sigma, q, steps):
-    """The scan over the top of the PMF against Opacus' compute_epsilon over the whole rolled PMF."""
+    """The dense scan over the top of the PMF against Opacus' compute_epsilon over the whole rolled
+    PMF (the sparse composition is tested in test_prv_spectral.py)."""
     part = prv_running._Bucket(prv_running.PoissonSubsampledGaussianPRV(q, sigma),
-                               prv_running.bucket(steps), DELTA / 1000)
+                               prv_running.bucket(steps), DELTA / 1000, sparse=False)
     mine = part.epsilon_upper(steps, DELTA, DELTA / 1000)
     assert mine == part.composed(steps).compute_epsilon(DELTA, DELTA / 1000, prv_running.EPS_ERROR)[2]
