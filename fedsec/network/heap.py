@@ -6,9 +6,9 @@ of its heap back to the OS once more than twice the threshold is free there. A d
 allocates and frees model-sized arrays at every stage (the encoded words, the masks, the model
 vector: 0.4-0.8 MB each at 100k parameters), then sleeps until its next call: the memory goes back
 to the OS and comes back as fresh zeroed pages, one page fault per 4 KiB touched. Measured on a
-site process (issue 13's benchmark, 10 sites x 100k): 515 page faults per first masking stage
-(1.7 ms of CPU in a 2.4 ms stage) where the simulation's clients, one after another in one
-process, took 123.
+site process (issue 13's benchmark, 10 sites x 100k): 515 page faults in the first masking stage,
+2.4 ms of CPU, where the simulation's clients, one after another in one process, took 123 and
+0.75 ms; with this, 159 faults and 1.65 ms (docs/benchmarks.md, "Deployed round", third pass).
 
 :func:`keep_freed_memory` pins glibc's thresholds (``mallopt``): blocks below
 :data:`MMAP_THRESHOLD` come from the heap and freed memory stays there up to
