@@ -173,13 +173,14 @@ class CpuSampler:
 
 
 def calls_per_round(audit: Path) -> float:
-    """Mean number of calls the coordinator served a round (its ``receive`` rows between consecutive
-    ``round`` rows, round 2 on): every call a site makes is one request the coordinator receives."""
+    """Mean number of calls the coordinator served a round (its ``served`` rows, or ``receive`` rows
+    in a log written before one row a call, between consecutive ``round`` rows, round 2 on): every
+    call a site makes is one request the coordinator receives."""
     db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
     try:
         ends = [seq for (seq,) in db.execute("SELECT seq FROM events WHERE action = 'round' ORDER BY seq")]
-        counts = [db.execute("SELECT COUNT(*) FROM events WHERE action = 'receive' AND seq > ? AND seq < ?",
-                             (a, b)).fetchone()[0] for a, b in zip(ends, ends[1:])]
+        query = "SELECT COUNT(*) FROM events WHERE action IN ('served', 'receive') AND seq > ? AND seq < ?"
+        counts = [db.execute(query, (a, b)).fetchone()[0] for a, b in zip(ends, ends[1:])]
     finally:
         db.close()
     return statistics.mean(counts) if counts else float("nan")

@@ -7,6 +7,12 @@ A pure function over verified events. The events it reads (everything else is ig
   event's ``round``. The n-th send of kind K from A to B in round r is paired with the n-th
   receive of kind K by B from A in round r; every unpaired event and every pair whose size or
   digest differ is a mismatch.
+* ``call`` (a call this party made) with ``{"to": ACTOR, "kind": K, "size", "sha256", "reply":
+  {"size", "sha256"}}``: read as the ``send`` of its request (kind K) and the ``receive`` of its
+  reply (kind K + ``.reply``), both at the row's seq and round; ``served`` (a call this party
+  served) with ``"from"`` and the same fields: the ``receive`` of the request and the ``send`` of
+  the reply. A party's one row per call pairs with a peer's two rows (older logs, the key holder's)
+  as with its one row.
 * ``epsilon`` with ``{"epsilon": E}`` (optionally ``"party": ACTOR`` when a coordinator keeps a
   ledger per site): a site's epsilon for round r must equal the coordinator's entry for that site
   (or its entry without ``party``) for round r, to a relative 1e-9.
@@ -98,27 +104,60 @@ def _details(event: Event) -> dict[str, Any]:
     return event.payload()
 
 
+@dataclass(frozen=True)
+class _Message:
+    """One message a row records: ``direction`` ``send`` or ``receive``, the ``peer`` it went to or
+    came from, its kind, size and digest, and the row's seq and round."""
+
+    direction: str
+    peer: str
+    kind: str
+    size: Any
+    sha256: Any
+    seq: int
+    round: int | None
+
+
+def _recorded(event: Event) -> list[_Message]:
+    """The messages one row records: one for ``send``/``receive``, two for ``call``/``served``
+    (request, then reply), none for any other row."""
+    d = _details(event)
+
+    def one(direction: str, peer: Any, kind: str, fields: dict[str, Any]) -> _Message:
+        return _Message(direction, str(peer), kind, fields.get("size"), fields.get("sha256"), event.seq,
+                        event.round)
+
+    if event.action in ("send", "receive"):
+        peer = d.get("to" if event.action == "send" else "from")
+        return [one(event.action, peer, str(d.get("kind")), d)]
+    if event.action not in ("call", "served"):
+        return []
+    reply = d.get("reply") if isinstance(d.get("reply"), dict) else {}
+    kind = str(d.get("kind"))
+    if event.action == "call":
+        return [one("send", d.get("to"), kind, d), one("receive", d.get("to"), kind + ".reply", reply)]
+    return [one("receive", d.get("from"), kind, d), one("send", d.get("from"), kind + ".reply", reply)]
+
+
 def _messages(logs: Mapping[str, Sequence[Event]]) -> list[Mismatch]:
-    sent: dict[tuple[str, str, int | None, str], list[Event]] = defaultdict(list)
-    received: dict[tuple[str, str, int | None, str], list[Event]] = defaultdict(list)
+    sent: dict[tuple[str, str, int | None, str], list[_Message]] = defaultdict(list)
+    received: dict[tuple[str, str, int | None, str], list[_Message]] = defaultdict(list)
     for actor, events in logs.items():
         for event in events:
-            d = _details(event)
-            if event.action == "send":
-                sent[(actor, str(d.get("to")), event.round, str(d.get("kind")))].append(event)
-            elif event.action == "receive":
-                received[(str(d.get("from")), actor, event.round, str(d.get("kind")))].append(event)
+            for m in _recorded(event):
+                if m.direction == "send":
+                    sent[(actor, m.peer, m.round, m.kind)].append(m)
+                else:
+                    received[(m.peer, actor, m.round, m.kind)].append(m)
     found = []
     for key in sorted(set(sent) | set(received), key=str):
         sender, receiver, round_, kind = key
         outs, ins = sent.get(key, []), received.get(key, [])
         for out, got in zip(outs, ins):
-            a, b = _details(out), _details(got)
-            if a.get("size") != b.get("size"):
+            if out.size != got.size:
                 found.append(Mismatch(receiver, got.seq, round_, f"{kind} from {sender}: received "
-                                      f"{b.get('size')} bytes, {sender} row {out.seq} sent "
-                                      f"{a.get('size')}"))
-            if a.get("sha256") != b.get("sha256"):
+                                      f"{got.size} bytes, {sender} row {out.seq} sent {out.size}"))
+            if out.sha256 != got.sha256:
                 found.append(Mismatch(receiver, got.seq, round_, f"{kind} from {sender}: received "
                                       f"digest differs from {sender} row {out.seq}"))
         for out in outs[len(ins):]:
@@ -190,14 +229,10 @@ def _acks(logs: Mapping[str, Sequence[Event]]) -> list[Mismatch]:
         talked: set[str] = set()
         last: dict[str, int] = {}
         for event in events:
-            d = _details(event)
-            if event.action == "send":
-                talked.add(str(d.get("to")))
-            elif event.action == "receive":
-                talked.add(str(d.get("from")))
+            talked.update(m.peer for m in _recorded(event))
             if event.action != "ack":
                 continue
-            found.extend(_ack(logs, actor, event, d, talked, last))
+            found.extend(_ack(logs, actor, event, _details(event), talked, last))
     return found
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedsec.network.heap import keep_freed_memory
 from fedsec.network.pki import Trust, verify_peer
 
 
@@ -86,6 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
     from fedsec.rundir import RunDirectory, check_out
 
     ca, crl, cert, key, identity_path = _paths(args)
+    keep_freed_memory()
     plan_bytes = Path(args.plan).read_bytes()
     try:
         config = load_config(args.plan)
@@ -194,6 +196,7 @@ def _join(args: argparse.Namespace) -> int:
     from fedsec.network.site import Site, SitePaths
 
     ca, crl, cert, key, identity = _paths(args)
+    keep_freed_memory()
     data = Path(args.data)
     policy = load_policy(args.policy) if args.policy else SitePolicy()
     site = Site(address=args.address, paths=SitePaths(ca=ca, crl=crl, cert=cert, key=key, identity=identity,

@@ -69,6 +69,7 @@ def _identity_path(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     """Serve until a signal; returns the exit code."""
     from fedsec.network.errors import PeerRejected
+    from fedsec.network.heap import keep_freed_memory
     from fedsec.network.keyholder import KeyHolderService, OneThread, load_identity, raw_identity
     from fedsec.network.keyholder_state import KeyHolderState
     from fedsec.network.pki import Trust, check_name, verify_peer
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     identity = load_identity(_identity_path(args))
     if identity.public != raw_identity(me.identity_key):
         raise ValueError(f"identity: {_identity_path(args)} is not the identity key in {args.cert}")
+    keep_freed_memory()
 
     def build() -> KeyHolderService:
         state = KeyHolderState(args.state, threshold=args.threshold, key_bits=args.key_bits)

@@ -3,17 +3,22 @@ plan decisions, dropouts, ledger entries, released model digests, and the peer h
 acknowledges (:class:`fedsec.audit.log.AuditLog` underneath; thread-safe).
 
 A call from a site to the coordinator is two messages: the request (``kind`` = the call's topic)
-and the reply (``kind`` = topic + ``.reply``). The site records ``send`` of the request and
-``receive`` of the reply; the coordinator ``receive`` of the request and ``send`` of the reply.
-An empty long poll (nothing to do yet) is recorded by neither side. Both sides record the round
-the message belongs to, so ``fedsec audit reconcile`` pairs them.
+and the reply (``kind`` = topic + ``.reply``). Each side records the whole call in one row: the
+caller ``call`` (``to``, ``kind``, the request's ``size`` and ``sha256``, and ``reply``: the
+reply's ``size`` and ``sha256``), the server ``served`` (``from``, the same fields). ``fedsec
+audit reconcile`` reads a ``call`` row as the ``send`` of the request and the ``receive`` of the
+reply, a ``served`` row as the ``receive`` of the request and the ``send`` of the reply, and
+pairs them with the peer's rows as it pairs ``send`` and ``receive`` rows (which older logs and
+the key holder's hold). One row a call instead of two: half the signatures, hash-chain links and
+SQLite rows, the same facts. An empty long poll (nothing to do yet) is recorded by neither side.
+Both sides record the round the call belongs to, so ``fedsec audit reconcile`` pairs them.
 
 The coordinator serves calls on many threads; SQLite connections belong to one thread, so every
 write goes through one writer thread, which commits whatever is waiting in one transaction (group
 commit: one fsync for the events of many concurrent calls), in the order the events were made.
 
 Durability rule (group commit): a row is on disk (``synchronous = FULL``) before anything that
-depends on it leaves the party. The message rows (``send``/``receive``) are queued without waiting:
+depends on it leaves the party. The message rows (``call``/``served``) are queued without waiting:
 nothing depends on them; so are the acknowledgements of a peer's head (:meth:`PartyAudit.ack`).
 They are committed together with the next row someone waits for, or after at most ``linger``
 seconds (:data:`LINGER`), whichever comes first: one transaction for the calls of a quarter second
@@ -93,6 +98,14 @@ def row_problem(item: Item) -> str | None:
 def message(direction: str, peer: str, kind: str, payload: bytes) -> dict[str, Any]:
     """Details of a ``send`` (``direction`` = ``"to"``) or ``receive`` (``"from"``) event."""
     return {direction: peer, "kind": kind, "size": len(payload), "sha256": payload_sha256(payload).hex()}
+
+
+def exchanged(direction: str, peer: str, kind: str, request: bytes, reply: bytes) -> dict[str, Any]:
+    """Details of a ``call`` (``direction`` = ``"to"``: this party called ``peer``) or ``served``
+    (``"from"``: it served ``peer``'s call) row: the request as :func:`message` gives it, and the
+    reply's size and SHA-256 (its kind is ``kind + ".reply"``)."""
+    return {**message(direction, peer, kind, request),
+            "reply": {"size": len(reply), "sha256": payload_sha256(reply).hex()}}
 
 
 def identity_fingerprint(identity_key: ed25519.Ed25519PublicKey) -> str:
@@ -227,15 +240,15 @@ class PartyAudit:
 
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
-        """A call this party made: its request to ``peer`` and the reply (queued: see the module)."""
-        self._queued([("send", round, None, message("to", peer, kind, request), None),
-                      ("receive", round, None, message("from", peer, kind + ".reply", reply), None)])
+        """A call this party made: its request to ``peer`` and the reply, one ``call`` row (queued:
+        see the module)."""
+        self._queued([("call", round, None, exchanged("to", peer, kind, request, reply), None)])
 
     def received_then_sent(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
-        """A call this party served: ``peer``'s request and this party's reply (queued: see the module)."""
-        self._queued([("receive", round, None, message("from", peer, kind, request), None),
-                      ("send", round, None, message("to", peer, kind + ".reply", reply), None)])
+        """A call this party served: ``peer``'s request and this party's reply, one ``served`` row
+        (queued: see the module)."""
+        self._queued([("served", round, None, exchanged("from", peer, kind, request, reply), None)])
 
     def head(self) -> dict[str, Any]:
         """This log's head, to hand to a peer (JSON)."""

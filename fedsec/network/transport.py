@@ -220,8 +220,9 @@ class TransportServer:
         pems = context.auth_context().get("x509_pem_cert") or []
         if len(pems) != 1:
             raise PeerRejected("malformed", "no client certificate")
-        return verify_peer(x509.load_pem_x509_certificate(pems[0]), trust=self.trust, roles=self.roles,
-                           roster=self.roster)
+        # the PEM bytes themselves: a certificate seen before is not parsed again (verify_peer's cache
+        # is keyed by the exact bytes and the root; validity, revocation, role and roster every call)
+        return verify_peer(pems[0], trust=self.trust, roles=self.roles, roster=self.roster)
 
     def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         _, served = self._admitted(requests, context, reassemble)

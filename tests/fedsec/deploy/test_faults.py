@@ -137,10 +137,10 @@ def test_a_refusing_site_sends_nothing_but_its_refusal(chaos):
     assert "models.allowed" in said
     name = d.sites[REFUSER].name
     kinds = [e.payload()["kind"] for e in read_events(d.run_dir / "audit.db")
-             if e.action == "receive" and e.payload().get("from") == name]
+             if e.action == "served" and e.payload().get("from") == name]
     assert kinds == ["plan", "refuse"]
     site = read_events(d.state(REFUSER) / "audit.db")
-    assert [e.payload()["kind"] for e in site if e.action == "send"] == ["plan", "refuse"]
+    assert [e.payload()["kind"] for e in site if e.action == "call"] == ["plan", "refuse"]
     assert any(e.action == "plan_refused" and e.payload()["rule"] == "models.allowed" for e in site)
 
 

@@ -40,9 +40,9 @@ def test_a_bad_data_file_exits_2_naming_file_row_and_column_and_sends_nothing(tm
     assert code == 2
     column = demo.feature_columns()[2]
     assert f"{bad}, row 4, column '{column}': is not a number" in said.getvalue()
-    received = [e.payload()["kind"] for e in read_events(tmp_path / "audit.db") if e.action == "receive"]
+    received = [e.payload()["kind"] for e in read_events(tmp_path / "audit.db") if e.action == "served"]
     assert received == ["plan"]
     assert hub.sites == {} and hub.refused == {}
     site = read_events(d.state(1) / "audit.db")
-    assert [e.payload()["kind"] for e in site if e.action == "send"] == ["plan"]
+    assert [e.payload()["kind"] for e in site if e.action == "call"] == ["plan"]
     assert any(e.action == "data_refused" and e.payload()["row"] == 4 for e in site)

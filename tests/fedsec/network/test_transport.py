@@ -200,3 +200,35 @@ def test_a_spilled_reply_is_handed_once_and_only_to_its_peer(study):
         owner.close()
         thief.close()
         srv.stop(0)
+
+
+def test_a_site_admitted_before_is_refused_once_revoked_or_off_the_roster(study, tmp_path):
+    """The server admits a peer from its certificate's exact PEM bytes (verify_peer's cache: the
+    second call of a peer parses and verifies nothing again): a site whose certificate is cached is
+    still refused on its next call once the CA revokes it, and a server whose roster omits it
+    refuses it although its certificate is cached."""
+    from fedsec.network import pki
+
+    from .conftest import enrol
+
+    late = enrol(study.ca_dir, tmp_path / "late", "hosp-cached", "site")
+    coordinator = study.parties["coordinator"]
+    servers = [TransportServer(trust=study.trust(), cert_pem=coordinator.cert_pem,
+                               key_pem=coordinator.key_pem, handler=_echo, roster=roster, roles=("site",))
+               for roster in ({"hosp-cached"}, {"hosp-a"})]
+    for srv in servers:
+        srv.start()
+    try:
+        with _client(study, servers[0], late) as client:
+            assert client.call("whoami", b"") == b"hosp-cached/site"
+            assert client.call("whoami", b"") == b"hosp-cached/site"  # admitted from the cache
+            with _client(study, servers[1], late) as other, pytest.raises(TransportError) as caught:
+                other.call("whoami", b"")
+            assert caught.value.code == "PERMISSION_DENIED"
+            pki.revoke(study.ca_dir, late.cert_pem)
+            with pytest.raises(TransportError) as caught:
+                client.call("whoami", b"")
+            assert caught.value.code == "UNAUTHENTICATED"
+    finally:
+        for srv in servers:
+            srv.stop(0)
