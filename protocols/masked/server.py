@@ -44,6 +44,7 @@ from fedsec.protocols.masked.keys import (
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
+from fedsec.protocols.masked.workers import Job, KeyJob, SeedJob, check_workers, shared_pool
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
@@ -93,6 +94,8 @@ class _Round:
     rejected: dict[int, str] = field(default_factory=dict)
     misbehaved: dict[int, str] = field(default_factory=dict)
     profile: dict[str, float] = field(default_factory=dict)
+    workers: int = 1
+    """Processes computing the unmask stage, this one included (1: this process only)."""
 
     @property
     def threshold(self) -> int:
@@ -437,17 +440,22 @@ class _Unmask(_Stage):
             self.taken = []
         return self._points
 
-    def _secret(self, owner: int, kind: int) -> bytes:
+    def _shares_of(self, owner: int, kind: int) -> tuple[tuple[int, ...], bytes]:
+        """The t shares of ``owner``'s secret of ``kind`` with the smallest x-coordinates that
+        answered: their x-coordinates and their bytes end to end; ProtocolAbort below t."""
         slices, xs, values = self._group()
         start, end = slices.get(self.r.graph.position(owner) * 2 + kind, (0, 0))
         if end - start < self.r.threshold:
             raise ProtocolAbort(f"unmask: {end - start} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
-        end = start + self.r.threshold  # the smallest x-coordinates that answered
+        end = start + self.r.threshold
+        return tuple(xs[start:end].tolist()), values[start:end].tobytes()
+
+    def _secret(self, owner: int, kind: int) -> bytes:
+        xs, block = self._shares_of(owner, kind)
         try:
-            block, size = values[start:end].tobytes(), shamir.SHARE_BYTES
-            return shamir.combine_one(tuple(xs[start:end].tolist()),
-                                      [block[i:i + size] for i in range(0, len(block), size)])
+            size = shamir.SHARE_BYTES
+            return shamir.combine_one(xs, [block[i:i + size] for i in range(0, len(block), size)])
         except SecAggError:
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
@@ -479,15 +487,50 @@ class _Unmask(_Stage):
         r.profile["secrets"] = spent
         r.profile["keys"] = time.perf_counter() - start - spent
 
+    def _jobs(self) -> tuple[list[Job], ProtocolAbort | None]:
+        """The unmask work as jobs in the single-process path's order (survivors' seeds, then the
+        dropped clients' mask keys), up to the first secret with fewer than t shares, and that
+        abort (None when every secret has t shares)."""
+        r, jobs = self.r, []
+        try:
+            for u in r.survivors:
+                jobs.append(SeedJob(u, *self._shares_of(u, m.SHARE_OF_SEED)))
+            for d in self.dropped:
+                partners = tuple((v, r.keys[v].mask_key, -1 if v < d else +1) for v in self.needs[d])
+                jobs.append(KeyJob(d, *self._shares_of(d, m.SHARE_OF_MASK_KEY), r.keys[d].mask_key, partners))
+        except ProtocolAbort as short:
+            return jobs, short
+        return jobs, None
+
+    def _pooled(self, length: int) -> np.ndarray:
+        """The masks to remove, computed by the server and its worker processes (same sum, same
+        first abort as :meth:`_expand`)."""
+        r = self.r
+        start = time.perf_counter()
+        jobs, short = self._jobs()
+        r.profile["secrets"] = time.perf_counter() - start  # gathering the shares into jobs
+        start = time.perf_counter()
+        correction = shared_pool(r.workers).partial_sum(
+            jobs, session=r.session, round_index=r.round_index, length=length,
+            modulus_bits=r.encoder.modulus_bits)
+        r.profile["keys"] = time.perf_counter() - start
+        if short is not None:
+            raise short
+        return correction
+
     def close(self) -> None:
         r = self.r
         assert r.total is not None
         # Every secret of the sum is rebuilt before any mask is removed from the total: an abort
         # (too few or inconsistent shares) leaves the total untouched.
-        with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
-            self._expand(masks)
+        if r.workers > 1:
+            correction = self._pooled(r.total.size)
             start = time.perf_counter()
-            correction = masks.finish()
+        else:
+            with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
+                self._expand(masks)
+                start = time.perf_counter()
+                correction = masks.finish()
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
         r.profile["masks"] = time.perf_counter() - start
@@ -512,12 +555,19 @@ class MaskedServer:
         population: the enrolled clients the corrupt fraction is taken of, >= the ring size. The
             server uses the larger of this and ``len(directory)``, as the clients do; required in
             semi-honest mode (no directory).
+        workers: processes that compute the unmask stage (rebuilding secrets, key agreements,
+            regenerating the masks), this one included, in [1, 64]. 1 (the default): this process
+            alone. More: the work is dealt to the shared worker pool of that size
+            (:mod:`protocols.masked.workers`, spawned on first use and reused by later rounds);
+            the sum and every abort are the same bit for bit, and a worker that dies aborts the
+            round with :class:`~protocols.masked.workers.UnmaskWorkerError`.
     """
 
     def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
                  encoder: FixedPointEncoder, length: int, active: bool = True,
                  directory: Mapping[int, bytes] | None = None, corrupt: float = 0.1,
-                 population: int | None = None) -> None:
+                 population: int | None = None, workers: int = 1) -> None:
+        check_workers(workers)
         if len(session) != m.SESSION_BYTES:
             raise ValueError(f"session id must be {m.SESSION_BYTES} bytes")
         if not 0 <= corrupt < 1:
@@ -544,7 +594,7 @@ class MaskedServer:
                                  encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
                              survivor_quorum(n, corrupt, population=population) if active else 0,
-                             m.params_digest(params))
+                             m.params_digest(params), workers=workers)
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 
@@ -578,7 +628,9 @@ class MaskedServer:
         deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
         the masks of the keys already derived) and expanding the masks still left once every key
         is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
-        before the round completes."""
+        before the round completes. With ``workers`` > 1: ``secrets`` is gathering the shares into
+        jobs, ``keys`` the whole parallel part (rebuilding, agreements, masks, in every process)
+        and ``masks`` adding the correction into the total."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:

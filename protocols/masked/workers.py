@@ -1,0 +1,258 @@
+"""Worker processes for the server's unmask stage: the masks regenerated on more than one core.
+
+``cryptography``'s X25519, HKDF, Ed25519 and AES-CTR calls hold the GIL (AES-CTR's ``update_into``
+too: two threads expanding masks take as long as one), so the unmask stage's work (rebuilding the
+secrets from shares, the key agreements, expanding every mask) only goes faster in more processes.
+
+The unmask stage (:class:`protocols.masked.server.MaskedServer` with ``workers`` > 1) cuts its work
+into jobs, one per secret it must rebuild (a survivor's self-mask seed; a dropped client's mask key
+with the pairwise masks it shared with survivors), deals them into ``workers`` disjoint slices of
+about equal cost, computes one slice itself and sends each other slice to a worker process of an
+:class:`UnmaskPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
+or uint64 words, sign * mask added mod 2^word) or the first job of its slice that failed (index
+and abort reason); the server adds the partial sums. Addition mod 2^word commutes, so the total is
+bit for bit the single-process one; a failure is reported for the smallest failed job index, the
+abort the single-process path raises first.
+
+What travels: the jobs go from the server to its own worker processes (the shares the server
+took, already checked against their commitments, and public keys), pickled by the server; what
+comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
+pair, never an object a peer could shape. A worker that dies, or answers anything else, raises
+:class:`UnmaskWorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
+never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
+
+Pools are shared: :func:`shared_pool` keeps one pool per size for the process's lifetime (its
+workers are spawned once, then reused by every round), shut down at exit or by :func:`close_pools`.
+Workers are started with the ``spawn`` method (safe beside threads, gRPC or Ray in the parent).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked.keys import mask_key, self_mask_key
+from fedsec.secagg import keys as crypto
+from fedsec.secagg import shamir
+from fedsec.secagg.errors import CryptoError, SecAggError
+from fedsec.secagg.prg import MaskExpander, word_dtype
+
+MAX_WORKERS = 64
+"""The largest ``workers`` value accepted (processes, the server's own included)."""
+
+
+class UnmaskWorkerError(ProtocolAbort):
+    """A worker process of the unmask stage died or answered something other than its partial sum:
+    the round aborts with nothing released."""
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """Rebuild survivor ``owner``'s self-mask seed from ``shares`` (t x 33 bytes, the share at
+    ``xs[i]`` at offset 33 i) and subtract its self-mask."""
+
+    owner: int
+    xs: tuple[int, ...]
+    shares: bytes
+
+
+@dataclass(frozen=True)
+class KeyJob:
+    """Rebuild dropped client ``owner``'s mask key from ``shares``, check it against its advertised
+    ``public`` key, and remove each pairwise mask (partner id, partner's mask public key, sign)."""
+
+    owner: int
+    xs: tuple[int, ...]
+    shares: bytes
+    public: bytes
+    partners: tuple[tuple[int, bytes, int], ...]
+
+
+Job = SeedJob | KeyJob
+
+
+def job_cost(job: Job) -> float:
+    """Relative cost of a job in units of one mask expansion (for dealing slices)."""
+    if isinstance(job, SeedJob):
+        return 1.3
+    return 1.5 + 1.5 * len(job.partners)
+
+
+def deal(jobs: Sequence[Job], parts: int) -> list[list[int]]:
+    """Job indices dealt into ``parts`` slices of about equal cost (largest first, each to the
+    lightest slice), each slice ascending."""
+    loads = [0.0] * parts
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    for index in sorted(range(len(jobs)), key=lambda i: -job_cost(jobs[i])):
+        lightest = loads.index(min(loads))
+        slices[lightest].append(index)
+        loads[lightest] += job_cost(jobs[index])
+    return [sorted(s) for s in slices]
+
+
+def _secret(job: Job) -> bytes:
+    size = shamir.SHARE_BYTES
+    return shamir.combine_one(job.xs, [job.shares[i:i + size] for i in range(0, len(job.shares), size)])
+
+
+def run_slice(session: bytes, round_index: int, length: int, modulus_bits: int,
+              jobs: Sequence[tuple[int, Job]]) -> tuple[bytes, tuple[int, str] | None]:
+    """Run ``(index, job)`` pairs in order: the partial sum's raw bytes (``length`` words of the
+    modulus's word dtype) and None, or, at the first job that fails, empty bytes and (its index,
+    the abort reason). Runs in a worker process or in the server's own."""
+    expander = MaskExpander(length=length, modulus_bits=modulus_bits)
+    acc = np.zeros(length, dtype=word_dtype(modulus_bits))
+    for index, job in jobs:
+        try:
+            secret = _secret(job)
+        except SecAggError:
+            return b"", (index, f"unmask: the shares of client {job.owner}'s secret do not rebuild a "
+                                "32-byte secret")
+        if isinstance(job, SeedJob):
+            expander.add_into(self_mask_key(secret, session, round_index, job.owner), acc, sign=-1)
+            continue
+        try:
+            recovered = crypto.KeyPair.from_private(secret)
+        except CryptoError:
+            recovered = None
+        if recovered is None or recovered.public != job.public:
+            return b"", (index, f"unmask: shares of client {job.owner}'s mask key are inconsistent")
+        for partner, public, sign in job.partners:
+            expander.add_into(mask_key(recovered, public, session, round_index, partner, job.owner), acc,
+                              sign=sign)
+    return acc.tobytes(), None
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def check_workers(workers: object) -> int:
+    """``workers`` validated: an integer in [1, MAX_WORKERS] (ValueError otherwise)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer in [1, {MAX_WORKERS}], got {workers!r}")
+    return workers
+
+
+class UnmaskPool:
+    """``workers - 1`` worker processes (the server computes one slice itself), spawned on first use.
+
+    Args:
+        workers: processes computing the unmask stage, the server's own included, in [2, 64].
+    """
+
+    def __init__(self, *, workers: int) -> None:
+        if check_workers(workers) < 2:
+            raise ValueError(f"an UnmaskPool needs workers >= 2, got {workers}")
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            max_workers=workers - 1, mp_context=multiprocessing.get_context("spawn"))
+        self.broken = False
+
+    def warm(self) -> list[int]:
+        """Start every worker process now (each imports the code once) and return their pids."""
+        return sorted({f.result() for f in [self._submit(_ready) for _ in range(self.workers - 1)]})
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (those started so far)."""
+        executor = self._executor
+        processes = getattr(executor, "_processes", None) or {}
+        return sorted(processes)
+
+    def _submit(self, fn, *args) -> Future:  # type: ignore[no-untyped-def]
+        if self._executor is None or self.broken:
+            raise UnmaskWorkerError("unmask: the worker pool is closed or broken")
+        try:
+            return self._executor.submit(fn, *args)
+        except Exception as error:  # BrokenProcessPool or a shut-down executor
+            self._fail()
+            raise UnmaskWorkerError(f"unmask: a worker process failed ({type(error).__name__})") from None
+
+    def _fail(self) -> None:
+        self.broken = True
+        _forget(self)
+        self.close()
+
+    def partial_sum(self, jobs: Sequence[Job], *, session: bytes, round_index: int, length: int,
+                    modulus_bits: int) -> np.ndarray:
+        """Sum of every job's masks (mod 2^word), the slices computed here and in the workers.
+
+        Raises:
+            ProtocolAbort: the abort of the smallest-index job that failed (what the
+                single-process path raises first).
+            UnmaskWorkerError: a worker died or answered something else; its pool is closed.
+        """
+        dtype = word_dtype(modulus_bits)
+        slices = deal(jobs, self.workers)
+        futures = [self._submit(run_slice, session, round_index, length, modulus_bits,
+                                [(i, jobs[i]) for i in part]) for part in slices[1:]]
+        own, failure = run_slice(session, round_index, length, modulus_bits,
+                                 [(i, jobs[i]) for i in slices[0]])
+        failures = [failure] if failure is not None else []
+        total = np.frombuffer(own, dtype=dtype).copy() if failure is None else None
+        broken: str | None = None
+        for future in futures:
+            try:
+                answer = future.result()
+            except Exception as error:  # BrokenProcessPool, or anything the worker raised
+                broken = broken or type(error).__name__
+                continue
+            valid = (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes))
+            data, failed = answer if valid else (b"", None)
+            if failed is not None and isinstance(failed, tuple) and len(failed) == 2:
+                failures.append((int(failed[0]), str(failed[1])))
+            elif len(data) != length * dtype.itemsize:
+                broken = broken or "a partial sum of the wrong size"
+            elif total is not None:
+                np.add(total, np.frombuffer(data, dtype=dtype), out=total)
+        if broken is not None:
+            self._fail()
+            raise UnmaskWorkerError(f"unmask: a worker process failed ({broken}); nothing released")
+        if failures:
+            raise ProtocolAbort(min(failures)[1])
+        assert total is not None
+        return total
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=not self.broken, cancel_futures=True)
+
+
+_pools: dict[int, UnmaskPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int) -> UnmaskPool:
+    """The process-wide pool of this size, created on first use (a broken one is replaced)."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None or pool.broken:
+            pool = _pools[workers] = UnmaskPool(workers=workers)
+        return pool
+
+
+def _forget(pool: UnmaskPool) -> None:
+    with _pools_lock:
+        if _pools.get(pool.workers) is pool:
+            del _pools[pool.workers]
+
+
+def close_pools() -> None:
+    """Shut down every shared pool (each is started again on its next use)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(close_pools)
