@@ -26,10 +26,25 @@ raw_aes_cpu_s and server_cpu_over_raw_aes_cpu, the same in CPU seconds (all the 
 while the server runs: on a shared machine, less sensitive to other jobs than the wall clock, and
 blind to the server's use of a second core).
 
+The server runs with ``--workers W`` processes for its unmask stage (``MaskedServer(workers=W)``,
+default 2 = this process and one worker; 1 = one process). The pool is spawned and warmed before
+the round (pool_start_s, not part of the server's time: a deployment spawns it once and reuses it
+every round); server_workers_cpu_s is the CPU the worker processes spent during the round, and
+server_all_cpu_over_raw_aes_cpu counts it with the server's own CPU.
+
+Each stage's clients all compute before the server takes their answers (in the same order), as
+in a deployment where the clients compute on their own machines: the server's calls follow one
+another instead of alternating with 1000 simulated clients' work in the same process, which
+evicted the server's caches between any two of its calls and charged it page faults of the
+clients' 1.5 GB heap (0.5-0.6 s of CPU in the runs of issue 16's session 6). ``--interleaved``
+runs the round the old way.
+
 ``--replay N`` feeds the round's recorded answers to N fresh servers (same session, ring and
-directory) with nothing between their messages, each checked to give the same sum: replay_s and
-replay_cpu_s (one entry per server), replay_over_raw_aes and replay_cpu_over_raw_aes_cpu (medians
-over the AES reference): the server's own cost, without the client work that evicts its caches.
+directory) with nothing between their messages, each checked to give the same sum: replay_s,
+replay_cpu_s and replay_workers_cpu_s (one entry per server), replay_over_raw_aes,
+replay_cpu_over_raw_aes_cpu and replay_all_cpu_over_raw_aes_cpu (medians over the AES
+reference); with ``--workers`` > 1, each is followed by a one-process server fed the same answers
+(the replay_single_* fields), so the two are measured interleaved in the same minutes.
 
 The reference, raw_aes_s, is measured in the same run, after the round, with the same primitive
 (``cryptography``'s AES-256-CTR) on one core: the floor for a server that must regenerate those
@@ -48,7 +63,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from fedsec.protocols.masked import MaskedServer, choose_parameters, run_round
 from fedsec.protocols.masked.policy import survivor_quorum
-from fedsec.protocols.masked.simulation import DROP_STAGES, build_round
+from fedsec.protocols.masked.simulation import DROP_STAGES, ClientCalls, LocalCalls, build_round
 from fedsec.protocols.masked.workers import shared_pool
 from fedsec.protocols.transport import InMemoryTransport
 from fedsec.secagg.encoding import FixedPointEncoder
@@ -84,6 +99,18 @@ def raw_aes_seconds(masks: int, nbytes: int) -> tuple[float, float]:
     for i in range(masks):
         Cipher(algorithms.AES(keys[i % len(keys)]), modes.CTR(bytes(16))).encryptor().update_into(zeros, out)
     return time.perf_counter() - start, time.process_time() - start_cpu
+
+
+class StageAtOnce(ClientCalls):
+    """The clients of a stage all compute before the server takes their answers (in the same
+    order): the server's calls then follow one another as in a deployment, where the clients
+    compute elsewhere, instead of alternating with client work in the same process."""
+
+    def __init__(self, inner: ClientCalls) -> None:
+        self.inner = inner
+
+    def handle(self, messages):  # type: ignore[no-untyped-def]
+        return iter(list(self.inner.handle(messages)))
 
 
 class _Recorder:
@@ -174,6 +201,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay", type=int, default=0,
                         help="after the round, feed its recorded answers to this many fresh servers")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="the server takes each answer as soon as its client computed it, so the "
+                             "clients' work runs between the server's calls (the benchmark before "
+                             "issue 16's session 6; charges the server for the clients' cache misses)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="processes computing the server's unmask stage, its own included "
                              "(MaskedServer(workers=...)); 1 = one process")
@@ -211,8 +242,9 @@ def main() -> None:
     children = worker_cpu_seconds(args.workers)
     try:
         recorder = _Recorder(server)  # keeps every answer only when asked to replay them
+        calls = LocalCalls(clients) if args.interleaved else StageAtOnce(LocalCalls(clients))
         trace = run_round(recorder if args.replay > 0 else server, clients, drop_at=drops,
-                          transport=transport)
+                          transport=transport, calls=calls)
     finally:
         gc.enable()
     wall = time.perf_counter() - start
@@ -269,7 +301,7 @@ def main() -> None:
         "server_stage_cpu_s": {k: round(v, 4) for k, v in trace.server_stage_cpu_seconds.items()},
         "raw_aes_cpu_s": round(raw_cpu, 4),
         "server_cpu_over_raw_aes_cpu": round(server_cpu / raw_cpu, 2) if raw_cpu > 0 else None,
-        "workers": args.workers, "pool_start_s": round(pool_start, 3),
+        "interleaved": args.interleaved, "workers": args.workers, "pool_start_s": round(pool_start, 3),
         "server_workers_cpu_s": round(children, 3),
         "server_all_cpu_over_raw_aes_cpu": (round((server_cpu + children) / raw_cpu, 2) if raw_cpu > 0
                                             else None),
