@@ -44,13 +44,22 @@ from fedsec.protocols.masked.keys import (
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
-from fedsec.protocols.masked.workers import Job, KeyJob, SeedJob, check_workers, shared_pool
+from fedsec.protocols.masked.workers import (
+    DeferredSignatures,
+    Job,
+    KeyJob,
+    SeedJob,
+    check_workers,
+    shared_pool,
+)
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
 from fedsec.secagg.prg import MaskSum
 
+KEY_SIGNATURE = "key signature does not verify"
+SURVIVOR_SIGNATURE = "survivor signature does not verify"
 _PRIME_BYTES = np.frombuffer(shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big"), dtype=np.uint8)
 
 
@@ -123,6 +132,43 @@ class _Stage(ABC):
         self.members = members
         self.member_set = frozenset(members)
         self.answers: dict[int, m.Body] = {}
+        self.deferred: DeferredSignatures | None = None
+        """Signature checks sent to the worker pool (``workers`` > 1), settled by :meth:`settle`."""
+        self.repeats: set[int] = set()
+        """Senders first listed in ``misbehaved`` by a repeated answer of this stage."""
+
+    def check_signature(self, sender: int, signature: bytes, message: bytes, reason: str) -> None:
+        """Verify ``sender``'s Ed25519 signature on ``message`` now (MalformedMessage(reason) if it
+        does not verify) or, with worker processes, in the pool while later answers are read: then
+        :meth:`settle`, at the stage's end, treats a failure exactly as an immediate one."""
+        public = self.r.directory[sender]
+        if self.r.workers < 2:
+            try:
+                crypto.verify(public, signature, message)
+            except CryptoError:
+                raise MalformedMessage(reason) from None
+            return
+        if self.deferred is None:
+            self.deferred = DeferredSignatures(shared_pool(self.r.workers))
+        self.deferred.add(sender, public, signature, message)
+
+    def settle(self, reason: str) -> None:
+        """End the deferred signature checks: each sender whose signature failed is removed as if
+        its answer had been refused when it arrived (rejected, or misbehaved and ignored once its
+        input is in the sum); a repeated answer it sent meanwhile, which the immediate check would
+        have ignored silently, is not counted. WorkerError if a worker failed."""
+        if self.deferred is None:
+            return
+        failed, self.deferred = self.deferred.failed(), None
+        for c in failed:
+            del self.answers[c]
+            if self.in_sum:
+                self.r.misbehaved[c] = f"{self.name}: {reason}"
+                self.r.ignored.add(c)
+            else:
+                self.r.rejected[c] = reason
+                if c in self.repeats:
+                    del self.r.misbehaved[c]
 
     @abstractmethod
     def outgoing(self) -> dict[int, bytes]:
@@ -156,15 +202,13 @@ class _AdvertiseKeys(_Stage):
         except CryptoError:
             raise MalformedMessage("a public key is malformed or of small order") from None
         if self.r.params.active:
-            try:
-                crypto.verify(self.r.directory[sender], e.signature,
-                              key_message(self.r.session, self.r.round_index, sender,
-                                          e.encryption_key, e.mask_key, e.commitment,
-                                          params=self.r.digest))
-            except CryptoError:
-                raise MalformedMessage("key signature does not verify") from None
+            self.check_signature(sender, e.signature,
+                                 key_message(self.r.session, self.r.round_index, sender,
+                                             e.encryption_key, e.mask_key, e.commitment,
+                                             params=self.r.digest), KEY_SIGNATURE)
 
     def close(self) -> _Stage:
+        self.settle(KEY_SIGNATURE)
         seen: set[bytes] = set()
         for c, body in sorted(self.answers.items()):
             e = body.entry
@@ -314,12 +358,10 @@ class _Consistency(_Stage):
         if self.statement is None:  # one list for everybody: serialised once
             self.statement = consistency_message(self.r.session, self.r.round_index, self.r.survivors,
                                                  params=self.r.digest)
-        try:
-            crypto.verify(self.r.directory[sender], body.signature, self.statement)
-        except CryptoError:
-            raise MalformedMessage("survivor signature does not verify") from None
+        self.check_signature(sender, body.signature, self.statement, SURVIVOR_SIGNATURE)
 
     def close(self) -> _Stage:
+        self.settle(SURVIVOR_SIGNATURE)
         self.r.signatures = {c: body.signature for c, body in self.answers.items()}
         self.r.require(len(self.r.signatures), self.name)
         if len(self.r.signatures) < self.r.quorum:
@@ -560,7 +602,7 @@ class MaskedServer:
             alone. More: the work is dealt to the shared worker pool of that size
             (:mod:`protocols.masked.workers`, spawned on first use and reused by later rounds);
             the sum and every abort are the same bit for bit, and a worker that dies aborts the
-            round with :class:`~protocols.masked.workers.UnmaskWorkerError`.
+            round with :class:`~protocols.masked.workers.WorkerError`.
     """
 
     def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
@@ -646,6 +688,8 @@ class MaskedServer:
             return  # removed from the round, or spoiled an answer: nothing it sends is taken again
         if stage is None or sender not in stage.member_set or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
+            if stage is not None and sender not in self._round.misbehaved:
+                stage.repeats.add(sender)
             self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
             return
         try:

@@ -8,7 +8,7 @@ The unmask stage (:class:`protocols.masked.server.MaskedServer` with ``workers``
 into jobs, one per secret it must rebuild (a survivor's self-mask seed; a dropped client's mask key
 with the pairwise masks it shared with survivors), deals them into ``workers`` disjoint slices of
 about equal cost, computes one slice itself and sends each other slice to a worker process of an
-:class:`UnmaskPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
+:class:`WorkerPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
 or uint64 words, sign * mask added mod 2^word) or the first job of its slice that failed (index
 and abort reason); the server adds the partial sums. Addition mod 2^word commutes, so the total is
 bit for bit the single-process one; a failure is reported for the smallest failed job index, the
@@ -18,7 +18,7 @@ What travels: the jobs go from the server to its own worker processes (the share
 took, already checked against their commitments, and public keys), pickled by the server; what
 comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
 pair, never an object a peer could shape. A worker that dies, or answers anything else, raises
-:class:`UnmaskWorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
+:class:`WorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
 never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
 
 Pools are shared: :func:`shared_pool` keeps one pool per size for the process's lifetime (its
@@ -46,11 +46,13 @@ from fedsec.secagg.prg import MaskExpander, word_dtype
 
 MAX_WORKERS = 64
 """The largest ``workers`` value accepted (processes, the server's own included)."""
+SIGNATURE_BATCH = 64
+"""Signature checks sent to a worker at a time."""
 
 
-class UnmaskWorkerError(ProtocolAbort):
-    """A worker process of the unmask stage died or answered something other than its partial sum:
-    the round aborts with nothing released."""
+class WorkerError(ProtocolAbort):
+    """A worker process of the server died or answered something other than what was asked (a
+    partial sum, or one verdict per signature): the round aborts with nothing released."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,90 @@ def run_slice(session: bytes, round_index: int, length: int, modulus_bits: int,
     return acc.tobytes(), None
 
 
+def verify_batch(items: Sequence[tuple[bytes, bytes, bytes]]) -> bytes:
+    """One byte per (public key, signature, message): 1 if the Ed25519 signature verifies, else 0.
+    Runs in a worker process or in the server's own."""
+    verdicts = bytearray(len(items))
+    for i, (public, signature, message) in enumerate(items):
+        try:
+            crypto.verify(public, signature, message)
+        except CryptoError:
+            continue
+        verdicts[i] = 1
+    return bytes(verdicts)
+
+
+class DeferredSignatures:
+    """The Ed25519 checks of one stage, verified by the pool's workers while the server reads the
+    stage's later messages; :meth:`failed` ends them.
+
+    Checks are sent in batches of ``batch``; at the end the server verifies the last partial batch
+    and every batch no worker has started yet itself, then waits for the rest.
+    """
+
+    def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
+        self.pool, self.batch = pool, batch or SIGNATURE_BATCH
+        self._pending: list[tuple[int, tuple[bytes, bytes, bytes]]] = []
+        self._sent: list[tuple[list[int], list[tuple[bytes, bytes, bytes]], Future]] = []
+        self._error: WorkerError | None = None
+
+    def add(self, sender: int, public: bytes, signature: bytes, message: bytes) -> None:
+        """Queue the check of ``sender``'s signature."""
+        self._pending.append((sender, (public, signature, message)))
+        if len(self._pending) >= self.batch:
+            self._send()
+
+    def _send(self) -> None:
+        senders = [c for c, _ in self._pending]
+        items = [item for _, item in self._pending]
+        self._pending = []
+        if self._error is not None:
+            return
+        try:
+            self._sent.append((senders, items, self.pool._submit(verify_batch, items)))
+        except WorkerError as error:  # raised by failed(), at the stage's end: never from receive
+            self._error = error
+
+    def failed(self) -> list[int]:
+        """The senders whose signature did not verify, ascending.
+
+        Raises:
+            WorkerError: a worker died or answered something other than one verdict per check.
+        """
+        if self._error is not None:
+            for _, _, future in self._sent:
+                future.cancel()
+            raise self._error
+        verdicts: list[tuple[list[int], bytes]] = []
+        if self._pending:
+            verdicts.append(([c for c, _ in self._pending],
+                             verify_batch([item for _, item in self._pending])))
+            self._pending = []
+        waiting = []
+        for senders, items, future in reversed(self._sent):  # the last sent: the least likely started
+            if future.cancel():
+                verdicts.append((senders, verify_batch(items)))
+            else:
+                waiting.append((senders, future))
+        self._sent = []
+        broken: str | None = None
+        for senders, future in waiting:
+            try:
+                answer = future.result()
+            except Exception as error:  # BrokenProcessPool, or anything the worker raised
+                broken = broken or type(error).__name__
+                continue
+            if not isinstance(answer, bytes) or len(answer) != len(senders) or set(answer) - {0, 1}:
+                broken = broken or "not one verdict per signature"
+                continue
+            verdicts.append((senders, answer))
+        if broken is not None:
+            self.pool._fail()
+            raise WorkerError(f"a worker process failed ({broken}); nothing released")
+        return sorted(c for senders, answer in verdicts for c, ok in zip(senders, answer, strict=True)
+                      if not ok)
+
+
 def _ready() -> int:
     return os.getpid()
 
@@ -141,7 +227,7 @@ def check_workers(workers: object) -> int:
     return workers
 
 
-class UnmaskPool:
+class WorkerPool:
     """``workers - 1`` worker processes (the server computes one slice itself), spawned on first use.
 
     Args:
@@ -150,7 +236,7 @@ class UnmaskPool:
 
     def __init__(self, *, workers: int) -> None:
         if check_workers(workers) < 2:
-            raise ValueError(f"an UnmaskPool needs workers >= 2, got {workers}")
+            raise ValueError(f"an WorkerPool needs workers >= 2, got {workers}")
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
             max_workers=workers - 1, mp_context=multiprocessing.get_context("spawn"))
@@ -168,12 +254,12 @@ class UnmaskPool:
 
     def _submit(self, fn, *args) -> Future:  # type: ignore[no-untyped-def]
         if self._executor is None or self.broken:
-            raise UnmaskWorkerError("unmask: the worker pool is closed or broken")
+            raise WorkerError("the worker pool is closed or broken; nothing released")
         try:
             return self._executor.submit(fn, *args)
         except Exception as error:  # BrokenProcessPool or a shut-down executor
             self._fail()
-            raise UnmaskWorkerError(f"unmask: a worker process failed ({type(error).__name__})") from None
+            raise WorkerError(f"a worker process failed ({type(error).__name__}); nothing released") from None
 
     def _fail(self) -> None:
         self.broken = True
@@ -187,12 +273,15 @@ class UnmaskPool:
         Raises:
             ProtocolAbort: the abort of the smallest-index job that failed (what the
                 single-process path raises first).
-            UnmaskWorkerError: a worker died or answered something else; its pool is closed.
+            WorkerError: a worker died or answered something else; its pool is closed.
         """
         dtype = word_dtype(modulus_bits)
         slices = deal(jobs, self.workers)
-        futures = [self._submit(run_slice, session, round_index, length, modulus_bits,
-                                [(i, jobs[i]) for i in part]) for part in slices[1:]]
+        try:
+            futures = [self._submit(run_slice, session, round_index, length, modulus_bits,
+                                    [(i, jobs[i]) for i in part]) for part in slices[1:]]
+        except WorkerError as error:
+            raise WorkerError(f"unmask: {error}") from None
         own, failure = run_slice(session, round_index, length, modulus_bits,
                                  [(i, jobs[i]) for i in slices[0]])
         failures = [failure] if failure is not None else []
@@ -214,7 +303,7 @@ class UnmaskPool:
                 np.add(total, np.frombuffer(data, dtype=dtype), out=total)
         if broken is not None:
             self._fail()
-            raise UnmaskWorkerError(f"unmask: a worker process failed ({broken}); nothing released")
+            raise WorkerError(f"unmask: a worker process failed ({broken}); nothing released")
         if failures:
             raise ProtocolAbort(min(failures)[1])
         assert total is not None
@@ -227,20 +316,20 @@ class UnmaskPool:
             executor.shutdown(wait=not self.broken, cancel_futures=True)
 
 
-_pools: dict[int, UnmaskPool] = {}
+_pools: dict[int, WorkerPool] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_pool(workers: int) -> UnmaskPool:
+def shared_pool(workers: int) -> WorkerPool:
     """The process-wide pool of this size, created on first use (a broken one is replaced)."""
     with _pools_lock:
         pool = _pools.get(workers)
         if pool is None or pool.broken:
-            pool = _pools[workers] = UnmaskPool(workers=workers)
+            pool = _pools[workers] = WorkerPool(workers=workers)
         return pool
 
 
-def _forget(pool: UnmaskPool) -> None:
+def _forget(pool: WorkerPool) -> None:
     with _pools_lock:
         if _pools.get(pool.workers) is pool:
             del _pools[pool.workers]

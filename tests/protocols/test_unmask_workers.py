@@ -8,7 +8,7 @@ choices plays the round once against the project's unmodified honest clients and
 every answer, and feeds the same answers to a fresh one-process server and a fresh pooled server:
 both must end the same way bit for bit (the same sum and survivors, or the same abort reason), with
 the same rejected and misbehaved clients. A worker process killed before the unmask stage ends
-the round with the typed :class:`UnmaskWorkerError` (nothing released), and the next round gets a
+the round with the typed :class:`WorkerError` (nothing released), and the next round gets a
 fresh pool.
 """
 
@@ -22,13 +22,13 @@ import time
 import numpy as np
 import pytest
 from fedsec.protocols.errors import ClientAbort, ProtocolAbort
-from fedsec.protocols.masked import MaskedAggregation, MaskedServer
+from fedsec.protocols.masked import MaskedAggregation, MaskedServer, workers
 from fedsec.protocols.masked import messages as m
 from fedsec.protocols.masked.workers import (
     KeyJob,
     SeedJob,
-    UnmaskPool,
-    UnmaskWorkerError,
+    WorkerError,
+    WorkerPool,
     deal,
     shared_pool,
 )
@@ -40,8 +40,10 @@ from fedsec import fl_core
 from tests.protocols.helpers import make_session
 from tests.protocols.test_masked_keys_and_shares import Rewriting, _dealing, _Silent
 
+BATCH = workers.SIGNATURE_BATCH
 ROLES = ("honest", "drop 2", "drop 3", "drop 4", "secret above 2^256", "wrong seed", "wrong mask key",
-         "bad unmask share", "bad survivor signature")
+         "bad unmask share", "bad survivor signature", "bad key signature", "twice",
+         "bad key signature, twice", "bad survivor signature, twice")
 
 
 def _bad_share(body: m.UnmaskResponse) -> m.UnmaskResponse:
@@ -56,8 +58,13 @@ def _bad_signature(body: m.ConsistencySignature) -> m.ConsistencySignature:
     return dataclasses.replace(body, signature=bytes(64))
 
 
+def _bad_key_signature(body: m.AdvertiseKeys) -> m.AdvertiseKeys:
+    return m.AdvertiseKeys(dataclasses.replace(body.entry, signature=bytes(63) + b"\x01"))
+
+
 def _play(s, roles: dict[int, str]) -> list[list[tuple[int, bytes]]]:
-    """Play the round with each client in its role; every stage's answers in arrival order."""
+    """Play the round with each client in its role; every stage's answers in arrival order (the
+    server's sees them as they come, so the recording is also what a one-process server did)."""
     clients = dict(s.clients)
     for c, role in roles.items():
         if role.startswith("drop"):
@@ -70,8 +77,10 @@ def _play(s, roles: dict[int, str]) -> list[list[tuple[int, bytes]]]:
             clients[c] = _Silent(_dealing(s, c, 2**255 + 7, m.SHARE_OF_MASK_KEY), after=2)
         elif role == "bad unmask share":
             clients[c] = Rewriting(s.clients[c], m.UnmaskResponse, _bad_share)
-        elif role == "bad survivor signature":
+        elif role.startswith("bad survivor signature"):
             clients[c] = Rewriting(s.clients[c], m.ConsistencySignature, _bad_signature)
+        elif role.startswith("bad key signature"):
+            clients[c] = Rewriting(s.clients[c], m.AdvertiseKeys, _bad_key_signature)
     stages, server = [], s.server
     while not server.done:
         answers = []
@@ -81,8 +90,10 @@ def _play(s, roles: dict[int, str]) -> list[list[tuple[int, bytes]]]:
             except ClientAbort:
                 continue
             if reply is not None:
-                answers.append((c, reply))
-                server.receive(c, reply)
+                # "twice": the client sends every answer again (a repeat the server must ignore).
+                for _ in range(2 if roles.get(c, "").endswith("twice") else 1):
+                    answers.append((c, reply))
+                    server.receive(c, reply)
         stages.append(answers)
         try:
             server.close()
@@ -117,12 +128,16 @@ def _replay(s, stages, *, workers: int):
 @settings(max_examples=14)
 @given(graph=st.sampled_from(["complete", "harary"]), seed=st.integers(0, 50),
        roles=st.lists(st.sampled_from(ROLES[1:]), min_size=0, max_size=4))
-def test_the_pooled_unmask_stage_equals_the_one_process_path_under_malicious_clients(graph, seed, roles):
+def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(graph, seed, roles):
+    workers.SIGNATURE_BATCH = 3  # small batches: most signature checks go to the worker
     s = make_session(10, length=9, graph=graph, seed=seed)
     ring = sorted(s.clients)
     chosen = {ring[(seed + 3 * i) % len(ring)]: role for i, role in enumerate(roles)}
     stages = _play(s, chosen)
-    single, pooled = _replay(s, stages, workers=1), _replay(s, stages, workers=2)
+    try:
+        single, pooled = _replay(s, stages, workers=1), _replay(s, stages, workers=2)
+    finally:
+        workers.SIGNATURE_BATCH = BATCH
     assert single[:3] == pooled[:3]
     # The recording server (one process) ended the same way too.
     if s.server.abort_reason is not None:
@@ -146,7 +161,9 @@ def test_each_abort_of_the_reconstruction_is_the_same_on_workers(role):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_a_typed_abort_and_the_next_round_gets_a_fresh_pool():
+@pytest.mark.parametrize("batch", [BATCH, 2], ids=["at unmasking", "at a signature check"])
+def test_a_killed_worker_is_a_typed_abort_and_the_next_round_gets_a_fresh_pool(batch, monkeypatch):
+    monkeypatch.setattr(workers, "SIGNATURE_BATCH", batch)
     s = make_session(9, length=30, graph="harary", seed=5)
     stages = _play(s, {sorted(s.clients)[2]: "drop 2"})
     total, survivors = s.server.result()
@@ -164,14 +181,15 @@ def test_a_killed_worker_is_a_typed_abort_and_the_next_round_gets_a_fresh_pool()
         time.sleep(0.02)
     ending, _, _, _ = _replay(s, stages, workers=2)
     assert ending[0] == "aborted" and "worker process failed" in ending[1]
+    assert ending[1].startswith("unmask: ") == (batch == BATCH)  # 9 signatures: none sent in 64s
     assert pool.broken and shared_pool(2) is not pool
-    with pytest.raises(UnmaskWorkerError):
+    with pytest.raises(WorkerError):
         pool.partial_sum([], session=s.session, round_index=s.round_index, length=4, modulus_bits=12)
     assert _replay(s, stages, workers=2)[0] == ("done", total.tobytes(), total.dtype.str, survivors)
 
 
 def test_a_worker_error_is_a_protocol_abort_and_never_a_sum():
-    assert issubclass(UnmaskWorkerError, ProtocolAbort)
+    assert issubclass(WorkerError, ProtocolAbort)
 
 
 @pytest.mark.parametrize("workers", [0, -1, 65, True, 2.0, "2", None])
@@ -185,7 +203,7 @@ def test_workers_must_be_an_integer_in_range(workers):
     with pytest.raises(fl_core.errors.InvalidParameterError, match="workers"):
         MaskedAggregation(max_weight=3, rng=np.random.default_rng(0), workers=workers)
     with pytest.raises(ValueError, match="workers >= 2"):
-        UnmaskPool(workers=1)
+        WorkerPool(workers=1)
 
 
 @settings(max_examples=30)
