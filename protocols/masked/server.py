@@ -60,6 +60,7 @@ from fedsec.secagg.prg import MaskSum
 
 KEY_SIGNATURE = "key signature does not verify"
 SURVIVOR_SIGNATURE = "survivor signature does not verify"
+ATTESTATION = "partner attestation does not verify"
 _PRIME_BYTES = np.frombuffer(shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big"), dtype=np.uint8)
 
 
@@ -137,10 +138,12 @@ class _Stage(ABC):
         self.repeats: set[int] = set()
         """Senders first listed in ``misbehaved`` by a repeated answer of this stage."""
 
-    def check_signature(self, sender: int, signature: bytes, message: bytes, reason: str) -> None:
+    def check_signature(self, sender: int, signature: bytes, message: bytes, reason: str,
+                        payload: object = None) -> None:
         """Verify ``sender``'s Ed25519 signature on ``message`` now (MalformedMessage(reason) if it
         does not verify) or, with worker processes, in the pool while later answers are read: then
-        :meth:`settle`, at the stage's end, treats a failure exactly as an immediate one."""
+        :meth:`settle`, at the stage's end, treats a failure exactly as an immediate one (and
+        :meth:`apply` takes the ``payload`` of each good one)."""
         public = self.r.directory[sender]
         if self.r.workers < 2:
             try:
@@ -150,17 +153,24 @@ class _Stage(ABC):
             return
         if self.deferred is None:
             self.deferred = DeferredSignatures(shared_pool(self.r.workers))
-        self.deferred.add(sender, public, signature, message)
+        self.deferred.add(sender, public, signature, message, payload)
 
-    def settle(self, reason: str) -> None:
+    def apply(self, sender: int, payload: object) -> None:  # noqa: B027 - optional hook
+        """Take the answer of ``sender`` whose deferred signature verified (nothing by default)."""
+
+    def settle(self, reason: str, *, verdicts: list[tuple[int, object, bool]] | None = None) -> None:
         """End the deferred signature checks: each sender whose signature failed is removed as if
         its answer had been refused when it arrived (rejected, or misbehaved and ignored once its
         input is in the sum); a repeated answer it sent meanwhile, which the immediate check would
         have ignored silently, is not counted. WorkerError if a worker failed."""
-        if self.deferred is None:
-            return
-        failed, self.deferred = self.deferred.failed(), None
-        for c in failed:
+        if verdicts is None:
+            if self.deferred is None:
+                return
+            verdicts, self.deferred = self.deferred.finish(), None
+        for c, payload, ok in verdicts:
+            if ok:
+                self.apply(c, payload)
+                continue
             del self.answers[c]
             if self.in_sum:
                 self.r.misbehaved[c] = f"{self.name}: {reason}"
@@ -286,12 +296,22 @@ class _MaskedInput(_Stage):
             raise MalformedMessage("masked input has a word outside the modulus")
         partners = self._partners(sender, body.partners)
         if self.r.params.active:
+            message = attestation_message(self.r.session, self.r.round_index, sender, body.partners,
+                                          params=self.r.digest)
+            if self.r.workers > 1:  # checked by the pool; taken by apply once it verifies
+                self.check_signature(sender, body.signature, message, ATTESTATION, (body, partners, words))
+                if self.deferred is not None:
+                    self.settle(ATTESTATION, verdicts=self.deferred.ready())
+                return
             try:
-                crypto.verify(self.r.directory[sender], body.signature,
-                              attestation_message(self.r.session, self.r.round_index, sender,
-                                                  body.partners, params=self.r.digest))
+                crypto.verify(self.r.directory[sender], body.signature, message)
             except CryptoError:
-                raise MalformedMessage("partner attestation does not verify") from None
+                raise MalformedMessage(ATTESTATION) from None
+        self.apply(sender, (body, partners, words))
+
+    def apply(self, sender: int, payload: object) -> None:
+        body, partners, words = payload  # type: ignore[misc]
+        if self.r.params.active:
             self.r.attestations[sender] = (body.partners, body.signature)
         self.r.partners[sender] = partners
         if self.r.total is None:
@@ -317,6 +337,7 @@ class _MaskedInput(_Stage):
         return flags
 
     def close(self) -> _Stage:
+        self.settle(ATTESTATION)
         r = self.r
         r.survivors = tuple(sorted(self.answers))
         r.require(len(r.survivors), self.name)

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 from fedsec.protocols.errors import ProtocolAbort
@@ -145,9 +146,15 @@ def verify_batch(items: Sequence[tuple[bytes, bytes, bytes]]) -> bytes:
     return bytes(verdicts)
 
 
+Check = tuple[bytes, bytes, bytes]
+"""(Ed25519 public key, signature, message)."""
+
+
 class DeferredSignatures:
     """The Ed25519 checks of one stage, verified by the pool's workers while the server reads the
-    stage's later messages; :meth:`failed` ends them.
+    stage's later messages. Each check carries its sender and a payload (what the server applies
+    once the signature is known good); :meth:`ready` hands back the checks of batches already
+    verified, :meth:`finish` every check left.
 
     Checks are sent in batches of ``batch``; at the end the server verifies the last partial batch
     and every batch no worker has started yet itself, then waits for the rest.
@@ -155,65 +162,86 @@ class DeferredSignatures:
 
     def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
         self.pool, self.batch = pool, batch or SIGNATURE_BATCH
-        self._pending: list[tuple[int, tuple[bytes, bytes, bytes]]] = []
-        self._sent: list[tuple[list[int], list[tuple[bytes, bytes, bytes]], Future]] = []
+        self._pending: list[tuple[int, object, Check]] = []
+        self._sent: list[tuple[list[tuple[int, object]], list[Check], Future]] = []
         self._error: WorkerError | None = None
 
-    def add(self, sender: int, public: bytes, signature: bytes, message: bytes) -> None:
-        """Queue the check of ``sender``'s signature."""
-        self._pending.append((sender, (public, signature, message)))
+    def add(self, sender: int, public: bytes, signature: bytes, message: bytes,
+            payload: object = None) -> None:
+        """Queue the check of ``sender``'s signature on ``message``."""
+        self._pending.append((sender, payload, (public, signature, message)))
         if len(self._pending) >= self.batch:
-            self._send()
+            tagged = [(c, payload) for c, payload, _ in self._pending]
+            items = [item for _, _, item in self._pending]
+            self._pending = []
+            if self._error is not None:
+                return
+            try:
+                self._sent.append((tagged, items, self.pool._submit(verify_batch, items)))
+            except WorkerError as error:  # raised by ready/finish: never from the server's receive
+                self._error = error
 
-    def _send(self) -> None:
-        senders = [c for c, _ in self._pending]
-        items = [item for _, item in self._pending]
-        self._pending = []
-        if self._error is not None:
-            return
+    def ready(self, *, keep: int = 4) -> list[tuple[int, object, bool]]:
+        """(sender, payload, verified) of the sent batches already verified, oldest first, waiting
+        for the oldest while more than ``keep`` are outstanding (bounds the payloads held)."""
+        out: list[tuple[int, object, bool]] = []
         try:
-            self._sent.append((senders, items, self.pool._submit(verify_batch, items)))
-        except WorkerError as error:  # raised by failed(), at the stage's end: never from receive
+            while self._error is None and self._sent and (self._sent[0][2].done() or len(self._sent) > keep):
+                tagged, _, future = self._sent.pop(0)
+                out += self._verdicts(tagged, future)
+        except WorkerError as error:  # raised by finish: never from the server's receive
             self._error = error
+        return out
 
-    def failed(self) -> list[int]:
-        """The senders whose signature did not verify, ascending.
+    def finish(self) -> list[tuple[int, object, bool]]:
+        """(sender, payload, verified) of every check not yet handed back.
 
         Raises:
             WorkerError: a worker died or answered something other than one verdict per check.
         """
         if self._error is not None:
-            for _, _, future in self._sent:
-                future.cancel()
+            self._cancel()
             raise self._error
-        verdicts: list[tuple[list[int], bytes]] = []
+        out: list[tuple[int, object, bool]] = []
         if self._pending:
-            verdicts.append(([c for c, _ in self._pending],
-                             verify_batch([item for _, item in self._pending])))
+            verdicts = verify_batch([item for _, _, item in self._pending])
+            out += [(c, payload, bool(ok)) for (c, payload, _), ok in zip(self._pending, verdicts,
+                                                                            strict=True)]
             self._pending = []
         waiting = []
-        for senders, items, future in reversed(self._sent):  # the last sent: the least likely started
+        for tagged, items, future in reversed(self._sent):  # the last sent: the least likely started
             if future.cancel():
-                verdicts.append((senders, verify_batch(items)))
+                out += [(c, payload, bool(ok)) for (c, payload), ok in zip(tagged, verify_batch(items),
+                                                                           strict=True)]
             else:
-                waiting.append((senders, future))
+                waiting.append((tagged, future))
         self._sent = []
-        broken: str | None = None
-        for senders, future in waiting:
-            try:
-                answer = future.result()
-            except Exception as error:  # BrokenProcessPool, or anything the worker raised
-                broken = broken or type(error).__name__
-                continue
-            if not isinstance(answer, bytes) or len(answer) != len(senders) or set(answer) - {0, 1}:
-                broken = broken or "not one verdict per signature"
-                continue
-            verdicts.append((senders, answer))
-        if broken is not None:
-            self.pool._fail()
-            raise WorkerError(f"a worker process failed ({broken}); nothing released")
-        return sorted(c for senders, answer in verdicts for c, ok in zip(senders, answer, strict=True)
-                      if not ok)
+        for tagged, future in reversed(waiting):
+            out += self._verdicts(tagged, future)
+        return out
+
+    def failed(self) -> list[int]:
+        """:meth:`finish`, for checks without payloads: the senders whose signature failed."""
+        return sorted(c for c, _, ok in self.finish() if not ok)
+
+    def _verdicts(self, tagged: list[tuple[int, object]], future: Future) -> list[tuple[int, object, bool]]:
+        try:
+            answer = future.result()
+        except Exception as error:  # BrokenProcessPool, or anything the worker raised
+            self._broken(type(error).__name__)
+        if not isinstance(answer, bytes) or len(answer) != len(tagged) or set(answer) - {0, 1}:
+            self._broken("not one verdict per signature")
+        return [(c, payload, bool(ok)) for (c, payload), ok in zip(tagged, answer, strict=True)]
+
+    def _broken(self, why: str) -> NoReturn:
+        self._cancel()
+        self.pool._fail()
+        raise WorkerError(f"a worker process failed ({why}); nothing released")
+
+    def _cancel(self) -> None:
+        for _, _, future in self._sent:
+            future.cancel()
+        self._sent, self._pending = [], []
 
 
 def _ready() -> int:

@@ -43,7 +43,8 @@ from tests.protocols.test_masked_keys_and_shares import Rewriting, _dealing, _Si
 BATCH = workers.SIGNATURE_BATCH
 ROLES = ("honest", "drop 2", "drop 3", "drop 4", "secret above 2^256", "wrong seed", "wrong mask key",
          "bad unmask share", "bad survivor signature", "bad key signature", "twice",
-         "bad key signature, twice", "bad survivor signature, twice")
+         "bad key signature, twice", "bad survivor signature, twice", "bad attestation",
+         "bad attestation, twice")
 
 
 def _bad_share(body: m.UnmaskResponse) -> m.UnmaskResponse:
@@ -55,6 +56,10 @@ def _bad_share(body: m.UnmaskResponse) -> m.UnmaskResponse:
 
 
 def _bad_signature(body: m.ConsistencySignature) -> m.ConsistencySignature:
+    return dataclasses.replace(body, signature=bytes(64))
+
+
+def _bad_attestation(body: m.MaskedInput) -> m.MaskedInput:
     return dataclasses.replace(body, signature=bytes(64))
 
 
@@ -79,6 +84,8 @@ def _play(s, roles: dict[int, str]) -> list[list[tuple[int, bytes]]]:
             clients[c] = Rewriting(s.clients[c], m.UnmaskResponse, _bad_share)
         elif role.startswith("bad survivor signature"):
             clients[c] = Rewriting(s.clients[c], m.ConsistencySignature, _bad_signature)
+        elif role.startswith("bad attestation"):
+            clients[c] = Rewriting(s.clients[c], m.MaskedInput, _bad_attestation)
         elif role.startswith("bad key signature"):
             clients[c] = Rewriting(s.clients[c], m.AdvertiseKeys, _bad_key_signature)
     stages, server = [], s.server
