@@ -299,9 +299,9 @@ class _MaskedInput(_Stage):
             message = attestation_message(self.r.session, self.r.round_index, sender, body.partners,
                                           params=self.r.digest)
             if self.r.workers > 1:  # checked by the pool; taken by apply once it verifies
-                self.check_signature(sender, body.signature, message, ATTESTATION, (body, partners, words))
-                if self.deferred is not None:
+                if self.deferred is not None:  # the verdicts in so far (never this sender's)
                     self.settle(ATTESTATION, verdicts=self.deferred.ready())
+                self.check_signature(sender, body.signature, message, ATTESTATION, (body, partners, words))
                 return
             try:
                 crypto.verify(self.r.directory[sender], body.signature, message)
