@@ -271,8 +271,17 @@ class WorkerPool:
         self.broken = False
 
     def warm(self) -> list[int]:
-        """Start every worker process now (each imports the code once) and return their pids."""
-        return sorted({f.result() for f in [self._submit(_ready) for _ in range(self.workers - 1)]})
+        """Start every worker process now (each imports the code once) and return their pids.
+
+        Raises:
+            WorkerError: a worker could not start (e.g. a script without a ``__main__`` guard).
+        """
+        futures = [self._submit(_ready) for _ in range(self.workers - 1)]
+        try:
+            return sorted({f.result() for f in futures})
+        except Exception as error:  # BrokenProcessPool
+            self._fail()
+            raise WorkerError(f"a worker process failed to start ({type(error).__name__})") from None
 
     def pids(self) -> list[int]:
         """The worker processes' ids (those started so far)."""
