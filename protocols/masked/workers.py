@@ -157,7 +157,7 @@ class DeferredSignatures:
     verified, :meth:`finish` every check left.
 
     Checks are sent in batches of ``batch``; at the end the server verifies the last partial batch
-    and every batch no worker has started yet itself, then waits for the rest.
+    itself and waits for the batches sent.
     """
 
     def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
@@ -200,7 +200,7 @@ class DeferredSignatures:
             WorkerError: a worker died or answered something other than one verdict per check.
         """
         if self._error is not None:
-            self._cancel()
+            self._drop()
             raise self._error
         out: list[tuple[int, object, bool]] = []
         if self._pending:
@@ -208,15 +208,10 @@ class DeferredSignatures:
             out += [(c, payload, bool(ok)) for (c, payload, _), ok in zip(self._pending, verdicts,
                                                                             strict=True)]
             self._pending = []
-        waiting = []
-        for tagged, items, future in reversed(self._sent):  # the last sent: the least likely started
-            if future.cancel():
-                out += [(c, payload, bool(ok)) for (c, payload), ok in zip(tagged, verify_batch(items),
-                                                                           strict=True)]
-            else:
-                waiting.append((tagged, future))
-        self._sent = []
-        for tagged, future in reversed(waiting):
+        # The batches sent are waited for, never cancelled: on Python 3.11 a pool that breaks with
+        # a cancelled future pending stops failing the others, and a wait on them would hang.
+        sent, self._sent = self._sent, []
+        for tagged, _, future in sent:
             out += self._verdicts(tagged, future)
         return out
 
@@ -234,13 +229,13 @@ class DeferredSignatures:
         return [(c, payload, bool(ok)) for (c, payload), ok in zip(tagged, answer, strict=True)]
 
     def _broken(self, why: str) -> NoReturn:
-        self._cancel()
+        self._drop()
         self.pool._fail()
         raise WorkerError(f"a worker process failed ({why}); nothing released")
 
-    def _cancel(self) -> None:
-        for _, _, future in self._sent:
-            future.cancel()
+    def _drop(self) -> None:
+        # Dropped, not cancelled: the pool is broken, and its manager thread fails every pending
+        # future itself (on Python 3.11 it raises InvalidStateError on one already cancelled).
         self._sent, self._pending = [], []
 
 
@@ -350,7 +345,9 @@ class WorkerPool:
         """Stop the worker processes (idempotent)."""
         executor, self._executor = self._executor, None
         if executor is not None:
-            executor.shutdown(wait=not self.broken, cancel_futures=True)
+            # A broken pool's manager thread fails its pending futures itself (cancelling them
+            # first makes Python 3.11's raise InvalidStateError).
+            executor.shutdown(wait=not self.broken, cancel_futures=not self.broken)
 
 
 _pools: dict[int, WorkerPool] = {}
