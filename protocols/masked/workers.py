@@ -17,7 +17,8 @@ abort the single-process path raises first.
 What travels: the jobs go from the server to its own worker processes (the shares the server
 took, already checked against their commitments, and public keys), pickled by the server; what
 comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
-pair, never an object a peer could shape. A worker that dies, or answers anything else, raises
+pair, never an object a peer could shape. A worker that dies, answers anything else, or does not
+answer within its deadline (:data:`HUNG_AFTER_S`; its processes are then killed) raises
 :class:`WorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
 never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
 
@@ -31,7 +32,9 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import signal
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +52,13 @@ MAX_WORKERS = 64
 """The largest ``workers`` value accepted (processes, the server's own included)."""
 SIGNATURE_BATCH = 64
 """Signature checks sent to a worker at a time."""
+HUNG_AFTER_S = 30.0
+"""A worker that has not answered a job this many seconds after the server waits for it is hung
+(stopped, swapping, deadlocked: review S6-3): its pool is killed and the round aborts with
+:class:`WorkerError`. For an unmask slice the wait is at least ``SLOW_FACTOR`` times what the
+server's own slice took (slices are dealt at about equal cost), whichever is longer."""
+SLOW_FACTOR = 20.0
+"""How many times the server's own unmask slice time a worker's slice may take before it is hung."""
 
 
 class WorkerError(ProtocolAbort):
@@ -221,7 +231,9 @@ class DeferredSignatures:
 
     def _verdicts(self, tagged: list[tuple[int, object]], future: Future) -> list[tuple[int, object, bool]]:
         try:
-            answer = future.result()
+            answer = future.result(timeout=HUNG_AFTER_S)
+        except TimeoutError:
+            self._broken(f"no answer within {HUNG_AFTER_S:g} s")
         except Exception as error:  # BrokenProcessPool, or anything the worker raised
             self._broken(type(error).__name__)
         if not isinstance(answer, bytes) or len(answer) != len(tagged) or set(answer) - {0, 1}:
@@ -296,6 +308,11 @@ class WorkerPool:
     def _fail(self) -> None:
         self.broken = True
         _forget(self)
+        for pid in self.pids():  # a hung worker would never end on its own (review S6-3)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.close()
 
     def partial_sum(self, jobs: Sequence[Job], *, session: bytes, round_index: int, length: int,
@@ -314,14 +331,20 @@ class WorkerPool:
                                     [(i, jobs[i]) for i in part]) for part in slices[1:]]
         except WorkerError as error:
             raise WorkerError(f"unmask: {error}") from None
+        started = time.perf_counter()
         own, failure = run_slice(session, round_index, length, modulus_bits,
                                  [(i, jobs[i]) for i in slices[0]])
+        patience = max(HUNG_AFTER_S, SLOW_FACTOR * (time.perf_counter() - started))
+        deadline = time.monotonic() + patience
         failures = [failure] if failure is not None else []
         total = np.frombuffer(own, dtype=dtype).copy() if failure is None else None
         broken: str | None = None
         for future in futures:
             try:
-                answer = future.result()
+                answer = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                broken = broken or f"no answer within {patience:.3g} s"
+                continue
             except Exception as error:  # BrokenProcessPool, or anything the worker raised
                 broken = broken or type(error).__name__
                 continue
