@@ -26,10 +26,25 @@ raw_aes_cpu_s and server_cpu_over_raw_aes_cpu, the same in CPU seconds (all the 
 while the server runs: on a shared machine, less sensitive to other jobs than the wall clock, and
 blind to the server's use of a second core).
 
+The server runs with ``--workers W`` processes for its unmask stage (``MaskedServer(workers=W)``,
+default 2 = this process and one worker; 1 = one process). The pool is spawned and warmed before
+the round (pool_start_s, not part of the server's time: a deployment spawns it once and reuses it
+every round); server_workers_cpu_s is the CPU the worker processes spent during the round, and
+server_all_cpu_over_raw_aes_cpu counts it with the server's own CPU.
+
+Each stage's clients all compute before the server takes their answers (in the same order), as
+in a deployment where the clients compute on their own machines: the server's calls follow one
+another instead of alternating with 1000 simulated clients' work in the same process, which
+evicted the server's caches between any two of its calls and charged it page faults of the
+clients' 1.5 GB heap (0.5-0.6 s of CPU in the runs of issue 16's session 6). ``--interleaved``
+runs the round the old way.
+
 ``--replay N`` feeds the round's recorded answers to N fresh servers (same session, ring and
-directory) with nothing between their messages, each checked to give the same sum: replay_s and
-replay_cpu_s (one entry per server), replay_over_raw_aes and replay_cpu_over_raw_aes_cpu (medians
-over the AES reference): the server's own cost, without the client work that evicts its caches.
+directory) with nothing between their messages, each checked to give the same sum: replay_s,
+replay_cpu_s and replay_workers_cpu_s (one entry per server), replay_over_raw_aes,
+replay_cpu_over_raw_aes_cpu and replay_all_cpu_over_raw_aes_cpu (medians over the AES
+reference); with ``--workers`` > 1, each is followed by a one-process server fed the same answers
+(the replay_single_* fields), so the two are measured interleaved in the same minutes.
 
 The reference, raw_aes_s, is measured in the same run, after the round, with the same primitive
 (``cryptography``'s AES-256-CTR) on one core: the floor for a server that must regenerate those
@@ -48,7 +63,8 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from fedsec.protocols.masked import MaskedServer, choose_parameters, run_round
 from fedsec.protocols.masked.policy import survivor_quorum
-from fedsec.protocols.masked.simulation import DROP_STAGES, build_round
+from fedsec.protocols.masked.simulation import DROP_STAGES, ClientCalls, LocalCalls, build_round
+from fedsec.protocols.masked.workers import shared_pool
 from fedsec.protocols.transport import InMemoryTransport
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.keys import SigningKey
@@ -58,7 +74,7 @@ from benchmarks._common import emit, log
 MAX_WEIGHT = 64
 
 
-def build(n: int, length: int, *, graph: str, dropout: float, active: bool, seed: int):
+def build(n: int, length: int, *, graph: str, dropout: float, active: bool, seed: int, workers: int = 1):
     rng = np.random.default_rng(seed)
     ids = list(range(1, n + 1))
     chosen = choose_parameters(n, dropout=max(0.1, dropout), corrupt=0.1, graph=graph, active=active)
@@ -70,7 +86,7 @@ def build(n: int, length: int, *, graph: str, dropout: float, active: bool, seed
                         rngs={c: np.random.default_rng(seeds[c]) for c in ids}, encoder=encoder,
                         degree=chosen.degree, threshold=chosen.threshold, round_index=1,
                         identities={c: SigningKey.generate() for c in ids} if active else None,
-                        active=active, corrupt=0.1)
+                        active=active, corrupt=0.1, server_workers=workers)
     return built.server, built.clients, encoder, built.graph, chosen, updates, weights, seeds
 
 
@@ -83,6 +99,18 @@ def raw_aes_seconds(masks: int, nbytes: int) -> tuple[float, float]:
     for i in range(masks):
         Cipher(algorithms.AES(keys[i % len(keys)]), modes.CTR(bytes(16))).encryptor().update_into(zeros, out)
     return time.perf_counter() - start, time.process_time() - start_cpu
+
+
+class StageAtOnce(ClientCalls):
+    """The clients of a stage all compute before the server takes their answers (in the same
+    order): the server's calls then follow one another as in a deployment, where the clients
+    compute elsewhere, instead of alternating with client work in the same process."""
+
+    def __init__(self, inner: ClientCalls) -> None:
+        self.inner = inner
+
+    def handle(self, messages):  # type: ignore[no-untyped-def]
+        return iter(list(self.inner.handle(messages)))
 
 
 class _Recorder:
@@ -107,15 +135,18 @@ class _Recorder:
         self.server.close()
 
 
-def replay_seconds(server, stages, total: np.ndarray, *, population: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Wall-clock and CPU seconds of a fresh server equal to ``server`` (same session, ring,
-    directory, corrupt fraction 0.1 of ``population``) fed the recorded answers of every stage;
-    its sum must equal ``total``."""
+def replay_seconds(server, stages, total: np.ndarray, *, population: int,  # type: ignore[no-untyped-def]
+                   workers: int) -> tuple[float, float, float]:
+    """Wall-clock seconds, CPU seconds of this process and CPU seconds of its worker processes of
+    a fresh server equal to ``server`` (same session, ring, directory, corrupt fraction 0.1 of
+    ``population``, ``workers`` processes for the unmask stage) fed the recorded answers of every
+    stage; its sum must equal ``total``."""
     r = server._round
     fresh = MaskedServer(session=r.session, round_index=r.round_index, graph=r.graph,
                          threshold=r.params.threshold, encoder=r.encoder, length=r.params.length,
                          active=r.params.active, directory=r.directory or None, corrupt=0.1,
-                         population=population)
+                         population=population, workers=workers)
+    children = worker_cpu_seconds(workers)
     start, start_cpu = time.perf_counter(), time.process_time()
     for answers in stages:
         fresh.outgoing()
@@ -123,9 +154,39 @@ def replay_seconds(server, stages, total: np.ndarray, *, population: int) -> tup
             fresh.receive(sender, data)
         fresh.close()
     wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    children = worker_cpu_seconds(workers) - children
     if not np.array_equal(fresh.result()[0], total):
         raise AssertionError("the replayed round gave another sum")
-    return wall, cpu
+    return wall, cpu, children
+
+
+def worker_cpu_seconds(workers: int) -> float:
+    """CPU seconds (user + system) spent so far by the shared pool's worker processes of this size
+    (0 for 1 worker), read from /proc."""
+    if workers < 2:
+        return 0.0
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in shared_pool(workers).pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def replay_fields(name: str, runs: list[tuple[float, float, float]], raw: float,
+                  raw_cpu: float) -> dict[str, object]:
+    """The JSON fields of a list of replays: seconds, ratios of the medians to the AES reference."""
+    if not runs:
+        return {}
+    wall, cpu, children = (float(np.median([r[i] for r in runs])) for i in range(3))
+    return {f"{name}_s": [round(r[0], 4) for r in runs], f"{name}_cpu_s": [round(r[1], 4) for r in runs],
+            f"{name}_workers_cpu_s": [round(r[2], 3) for r in runs],
+            f"{name}_over_raw_aes": round(wall / raw, 2) if raw > 0 else None,
+            f"{name}_cpu_over_raw_aes_cpu": round(cpu / raw_cpu, 2) if raw_cpu > 0 else None,
+            f"{name}_all_cpu_over_raw_aes_cpu": round((cpu + children) / raw_cpu, 2) if raw_cpu > 0 else None}
 
 
 def main() -> None:
@@ -140,14 +201,28 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay", type=int, default=0,
                         help="after the round, feed its recorded answers to this many fresh servers")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="the server takes each answer as soon as its client computed it, so the "
+                             "clients' work runs between the server's calls (the benchmark before "
+                             "issue 16's session 6; charges the server for the clients' cache misses)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="processes computing the server's unmask stage, its own included "
+                             "(MaskedServer(workers=...)); 1 = one process")
     args = parser.parse_args()
+    if not 1 <= args.workers <= 64:
+        parser.error("--workers must be in [1, 64]")
+    pool_start = time.perf_counter()
+    if args.workers > 1:
+        shared_pool(args.workers).warm()  # spawned once per process, reused by every round after
+    pool_start = time.perf_counter() - pool_start
 
     active = not args.semi_honest
-    warm = build(5, 16, graph="complete", dropout=0.1, active=active, seed=1)
+    warm = build(5, 16, graph="complete", dropout=0.1, active=active, seed=1, workers=args.workers)
     run_round(warm[0], warm[1])
 
     server, clients, encoder, ring, chosen, updates, weights, seeds = build(
-        args.clients, args.params, graph=args.graph, dropout=args.dropout, active=active, seed=args.seed)
+        args.clients, args.params, graph=args.graph, dropout=args.dropout, active=active, seed=args.seed,
+        workers=args.workers)
     rng = np.random.default_rng(args.seed + 1)
     n_drop = int(round(args.dropout * args.clients))
     victims = rng.choice(sorted(clients), size=n_drop, replace=False)
@@ -164,13 +239,16 @@ def main() -> None:
     gc.disable()
     log(f"degree {chosen.degree}, threshold {chosen.threshold}, {n_drop} dropouts; running the round")
     start = time.perf_counter()
+    children = worker_cpu_seconds(args.workers)
     try:
         recorder = _Recorder(server)  # keeps every answer only when asked to replay them
+        calls = LocalCalls(clients) if args.interleaved else StageAtOnce(LocalCalls(clients))
         trace = run_round(recorder if args.replay > 0 else server, clients, drop_at=drops,
-                          transport=transport)
+                          transport=transport, calls=calls)
     finally:
         gc.enable()
     wall = time.perf_counter() - start
+    children = worker_cpu_seconds(args.workers) - children
     total, survivors = server.result()
 
     expected = np.zeros(args.params + 2, dtype=np.uint64)
@@ -182,13 +260,17 @@ def main() -> None:
     masks = len(survivors) + sum(
         sum(1 for v in ring.neighbours(d) if v in alive) for d in dropped_in_sum if drops.get(d, 99) > 1)
     word_bytes = encoder.dtype.itemsize * (args.params + 2)
-    replays = []
+    replays, singles = [], []
     if args.replay > 0:
         gc.collect()
         gc.disable()
-        try:
-            replays = [replay_seconds(server, recorder.stages, total, population=args.clients)
-                       for _ in range(args.replay)]
+        try:  # interleaved: the configured server, then the one-process server, and again
+            for _ in range(args.replay):
+                replays.append(replay_seconds(server, recorder.stages, total, population=args.clients,
+                                              workers=args.workers))
+                if args.workers > 1:
+                    singles.append(replay_seconds(server, recorder.stages, total,
+                                                  population=args.clients, workers=1))
         finally:
             gc.enable()
     raw, raw_cpu = raw_aes_seconds(masks, word_bytes)
@@ -219,10 +301,12 @@ def main() -> None:
         "server_stage_cpu_s": {k: round(v, 4) for k, v in trace.server_stage_cpu_seconds.items()},
         "raw_aes_cpu_s": round(raw_cpu, 4),
         "server_cpu_over_raw_aes_cpu": round(server_cpu / raw_cpu, 2) if raw_cpu > 0 else None,
-        "replay_s": [round(w, 4) for w, _ in replays], "replay_cpu_s": [round(c, 4) for _, c in replays],
-        "replay_over_raw_aes": round(float(np.median([w for w, _ in replays])) / raw, 2) if replays else None,
-        "replay_cpu_over_raw_aes_cpu": (round(float(np.median([c for _, c in replays])) / raw_cpu, 2)
-                                        if replays else None),
+        "interleaved": args.interleaved, "workers": args.workers, "pool_start_s": round(pool_start, 3),
+        "server_workers_cpu_s": round(children, 3),
+        "server_all_cpu_over_raw_aes_cpu": (round((server_cpu + children) / raw_cpu, 2) if raw_cpu > 0
+                                            else None),
+        **replay_fields("replay", replays, raw, raw_cpu),
+        **replay_fields("replay_single", singles, raw, raw_cpu),
         "client_aborts": len(trace.aborts), "modulus_bits": encoder.modulus_bits,
         "wall_s": round(wall, 2),
     })

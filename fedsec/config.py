@@ -113,6 +113,8 @@ class SecureConfig:
     key_bits: int = _opt(2048, "2048 or 3072 (Paillier modulus bits)", choices=(2048, 3072))
     custody: str = _opt("key_holder", "one of key_holder, threshold (who can decrypt a Paillier sum)",
                         choices=("key_holder", "threshold"))
+    workers: int = _opt(1, "an integer in [1, 64] (processes computing the masking server's unmask "
+                           "stage, its own included; 1 = one process)", lambda v: 1 <= v <= 64)
 
 
 @dataclass(frozen=True)
@@ -493,7 +495,7 @@ def _check_combinations(config: ExperimentConfig) -> None:
     """Cross-key checks that need no data loaded beyond the bundled label arrays."""
     data, model, secure = config.data, config.model, config.secure
     _check_csv(config)
-    masking_only = (("graph", "complete"), ("active", True), ("corrupt", 0.1))
+    masking_only = (("graph", "complete"), ("active", True), ("corrupt", 0.1), ("workers", 1))
     paillier_only = (("key_bits", 2048), ("custody", "key_holder"))
     if secure.aggregation != "masking":
         _require_defaults(secure, masking_only, "masking")

@@ -288,25 +288,26 @@ def build_protocol(
         s.aggregation, max_weight=max(len(c) for c in data.clients), n_clients=data.n_clients,
         fraction=config.train.fraction, rng=rng, clip=s.clip, bits=s.bits, graph=s.graph,
         threshold=s.threshold, dropout=s.dropout, active=s.active, key_bits=s.key_bits,
-        corrupt=s.corrupt, custody=s.custody, reproducible=config.dp.reproducible)
+        corrupt=s.corrupt, custody=s.custody, reproducible=config.dp.reproducible, workers=s.workers)
 
 
 def make_protocol(
     aggregation: str, *, max_weight: int, n_clients: int, fraction: float,
     rng: np.random.Generator, clip: float = 1.0, bits: int = 16, graph: str = "complete",
     threshold: int = 0, dropout: float = 0.0, active: bool = True, corrupt: float = 0.1,
-    key_bits: int = 2048, custody: str = "key_holder", reproducible: bool = False,
+    key_bits: int = 2048, custody: str = "key_holder", reproducible: bool = False, workers: int = 1,
 ) -> fl_core.AggregationProtocol:
     """The aggregation protocol ``aggregation`` (``none``, ``masking`` or ``paillier``) for
     ``n_clients`` clients of weight at most ``max_weight``, a share ``fraction`` of them a round;
-    ``reproducible`` draws the masking ring's order from ``rng`` too."""
+    ``reproducible`` draws the masking ring's order from ``rng`` too; ``workers`` is the masking
+    server's process count for its unmask stage."""
     if aggregation == "masking":
         from fedsec.protocols.masked import MaskedAggregation
 
         return MaskedAggregation(
             max_weight=max_weight, rng=rng, clip=clip, bits=bits, graph=graph,
             threshold=threshold, dropout=dropout, active=active, reproducible=reproducible,
-            tolerated_corrupt=corrupt, population=n_clients)
+            tolerated_corrupt=corrupt, population=n_clients, workers=workers)
     if aggregation == "paillier":
         from fedsec.protocols.paillier import PaillierAggregation, default_threshold
 

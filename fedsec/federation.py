@@ -346,7 +346,7 @@ class Federation:
         from fedsec.protocols.encoding import check_layer_arguments
         from fedsec.protocols.paillier.aggregation import CUSTODIES
 
-        masking_only = sorted(set(options) & {"graph", "active", "corrupt"})
+        masking_only = sorted(set(options) & {"graph", "active", "corrupt", "workers"})
         if masking_only:
             raise ValueError(f"{masking_only} apply to secure='masking'")
         check_layer_arguments(max_weight=1, clip=options.get("clip", 1.0),

@@ -103,8 +103,10 @@ class MaskSum:
     """Sum of sign * mask(key) over keys handed in one at a time, expanded by worker threads while
     the caller derives the next keys (mod 2^word; the caller reduces mod 2^b at the end).
 
-    AES-CTR and numpy additions release the GIL, so ``threads - 1`` workers (default threads:
-    min(4, cores)) expand the keys already given while the caller's thread computes the next ones;
+    ``threads - 1`` workers (default threads: min(4, cores)) expand the keys already given while
+    the caller's thread computes the next ones. Only numpy's additions release the GIL (AES-CTR in
+    ``cryptography`` 50.0.2 keeps it: ``python -m benchmarks.gil_release``), so the threads overlap
+    the additions, not two expansions; more cores need processes (``protocols.masked.workers``);
     :meth:`finish` has the caller's thread join the expansion of what is left. Each thread adds into
     its own accumulator; keys pass through one C-level FIFO (no per-item Python hand-off). While
     the workers run, the interpreter's switch interval is lowered to ``_SWITCH_INTERVAL`` (and

@@ -48,6 +48,7 @@ from fedsec.protocols.masked.simulation import (
     build_round,
     run_round,
 )
+from fedsec.protocols.masked.workers import check_workers
 from fedsec.protocols.transport import InMemoryTransport
 from fedsec.secagg.errors import SecAggError
 from fedsec.secagg.keys import SigningKey
@@ -76,6 +77,9 @@ class MaskedAggregation(AggregationProtocol):
         reproducible: draw the ring order from ``rng`` too, so identical runs give identical
             rounds (experiments only: whoever knows the seed knows the ring).
         rng: the run's generator (dropout draws and stochastic rounding; never cryptography).
+        workers: processes computing the server's unmask stage, its own included, in [1, 64]
+            (:class:`~protocols.masked.server.MaskedServer`); 1 (default): the server's process
+            alone; the sum is the same bit for bit either way.
     """
 
     name = "masking"
@@ -83,7 +87,8 @@ class MaskedAggregation(AggregationProtocol):
     def __init__(self, *, max_weight: int, rng: np.random.Generator, clip: float = 1.0, bits: int = 16,
                  graph: str = "complete", threshold: int = 0, dropout: float = 0.0,
                  tolerated_dropout: float | None = None, tolerated_corrupt: float = 0.1,
-                 active: bool = True, reproducible: bool = False, population: int | None = None) -> None:
+                 active: bool = True, reproducible: bool = False, population: int | None = None,
+                 workers: int = 1) -> None:
         check_layer_arguments(max_weight=max_weight, clip=clip, bits=bits, dropout=dropout)
         if graph not in ("complete", "harary"):
             raise InvalidParameterError(f"graph must be 'complete' or 'harary', got {graph!r}")
@@ -103,6 +108,10 @@ class MaskedAggregation(AggregationProtocol):
                                        or population < 3):
             raise InvalidParameterError(f"population must be None or an integer >= 3, got {population!r}")
         self.population = population
+        try:
+            self.workers = check_workers(workers)
+        except ValueError as error:
+            raise InvalidParameterError(str(error)) from None
         self.rng = rng
         self.client_noise: ShiftedNoise | None = None
         """Shifted integer noise every client adds to its encoded update (client-level DP)."""
@@ -179,7 +188,8 @@ class MaskedAggregation(AggregationProtocol):
             ring_rng=self.rng if self.reproducible else None,
             policy=ClientPolicy(require_active=self.active, corrupt=self.tolerated_corrupt,
                                 population=self.population_for(n), clip=encoder.clip, bits=encoder.bits,
-                                min_word_slack=noise.slack if noise else 0))
+                                min_word_slack=noise.slack if noise else 0),
+            server_workers=self.workers)
         server, clients = built.server, built.clients
         drops = {}
         if self.dropout > 0:

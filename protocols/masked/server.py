@@ -44,12 +44,23 @@ from fedsec.protocols.masked.keys import (
 )
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
+from fedsec.protocols.masked.workers import (
+    DeferredSignatures,
+    Job,
+    KeyJob,
+    SeedJob,
+    check_workers,
+    shared_pool,
+)
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
 from fedsec.secagg.prg import MaskSum
 
+KEY_SIGNATURE = "key signature does not verify"
+SURVIVOR_SIGNATURE = "survivor signature does not verify"
+ATTESTATION = "partner attestation does not verify"
 _PRIME_BYTES = np.frombuffer(shamir.PRIME.to_bytes(shamir.SHARE_BYTES, "big"), dtype=np.uint8)
 
 
@@ -93,6 +104,8 @@ class _Round:
     rejected: dict[int, str] = field(default_factory=dict)
     misbehaved: dict[int, str] = field(default_factory=dict)
     profile: dict[str, float] = field(default_factory=dict)
+    workers: int = 1
+    """Processes computing the unmask stage, this one included (1: this process only)."""
 
     @property
     def threshold(self) -> int:
@@ -120,6 +133,52 @@ class _Stage(ABC):
         self.members = members
         self.member_set = frozenset(members)
         self.answers: dict[int, m.Body] = {}
+        self.deferred: DeferredSignatures | None = None
+        """Signature checks sent to the worker pool (``workers`` > 1), settled by :meth:`settle`."""
+        self.repeats: set[int] = set()
+        """Senders first listed in ``misbehaved`` by a repeated answer of this stage."""
+
+    def check_signature(self, sender: int, signature: bytes, message: bytes, reason: str,
+                        payload: object = None) -> None:
+        """Verify ``sender``'s Ed25519 signature on ``message`` now (MalformedMessage(reason) if it
+        does not verify) or, with worker processes, in the pool while later answers are read: then
+        :meth:`settle`, at the stage's end, treats a failure exactly as an immediate one (and
+        :meth:`apply` takes the ``payload`` of each good one)."""
+        public = self.r.directory[sender]
+        if self.r.workers < 2:
+            try:
+                crypto.verify(public, signature, message)
+            except CryptoError:
+                raise MalformedMessage(reason) from None
+            return
+        if self.deferred is None:
+            self.deferred = DeferredSignatures(shared_pool(self.r.workers))
+        self.deferred.add(sender, public, signature, message, payload)
+
+    def apply(self, sender: int, payload: object) -> None:  # noqa: B027 - optional hook
+        """Take the answer of ``sender`` whose deferred signature verified (nothing by default)."""
+
+    def settle(self, reason: str, *, verdicts: list[tuple[int, object, bool]] | None = None) -> None:
+        """End the deferred signature checks: each sender whose signature failed is removed as if
+        its answer had been refused when it arrived (rejected, or misbehaved and ignored once its
+        input is in the sum); a repeated answer it sent meanwhile, which the immediate check would
+        have ignored silently, is not counted. WorkerError if a worker failed."""
+        if verdicts is None:
+            if self.deferred is None:
+                return
+            verdicts, self.deferred = self.deferred.finish(), None
+        for c, payload, ok in verdicts:
+            if ok:
+                self.apply(c, payload)
+                continue
+            del self.answers[c]
+            if self.in_sum:
+                self.r.misbehaved[c] = f"{self.name}: {reason}"
+                self.r.ignored.add(c)
+            else:
+                self.r.rejected[c] = reason
+                if c in self.repeats:
+                    del self.r.misbehaved[c]
 
     @abstractmethod
     def outgoing(self) -> dict[int, bytes]:
@@ -153,15 +212,13 @@ class _AdvertiseKeys(_Stage):
         except CryptoError:
             raise MalformedMessage("a public key is malformed or of small order") from None
         if self.r.params.active:
-            try:
-                crypto.verify(self.r.directory[sender], e.signature,
-                              key_message(self.r.session, self.r.round_index, sender,
-                                          e.encryption_key, e.mask_key, e.commitment,
-                                          params=self.r.digest))
-            except CryptoError:
-                raise MalformedMessage("key signature does not verify") from None
+            self.check_signature(sender, e.signature,
+                                 key_message(self.r.session, self.r.round_index, sender,
+                                             e.encryption_key, e.mask_key, e.commitment,
+                                             params=self.r.digest), KEY_SIGNATURE)
 
     def close(self) -> _Stage:
+        self.settle(KEY_SIGNATURE)
         seen: set[bytes] = set()
         for c, body in sorted(self.answers.items()):
             e = body.entry
@@ -239,12 +296,22 @@ class _MaskedInput(_Stage):
             raise MalformedMessage("masked input has a word outside the modulus")
         partners = self._partners(sender, body.partners)
         if self.r.params.active:
+            message = attestation_message(self.r.session, self.r.round_index, sender, body.partners,
+                                          params=self.r.digest)
+            if self.r.workers > 1:  # checked by the pool; taken by apply once it verifies
+                if self.deferred is not None:  # the verdicts in so far (never this sender's)
+                    self.settle(ATTESTATION, verdicts=self.deferred.ready())
+                self.check_signature(sender, body.signature, message, ATTESTATION, (body, partners, words))
+                return
             try:
-                crypto.verify(self.r.directory[sender], body.signature,
-                              attestation_message(self.r.session, self.r.round_index, sender,
-                                                  body.partners, params=self.r.digest))
+                crypto.verify(self.r.directory[sender], body.signature, message)
             except CryptoError:
-                raise MalformedMessage("partner attestation does not verify") from None
+                raise MalformedMessage(ATTESTATION) from None
+        self.apply(sender, (body, partners, words))
+
+    def apply(self, sender: int, payload: object) -> None:
+        body, partners, words = payload  # type: ignore[misc]
+        if self.r.params.active:
             self.r.attestations[sender] = (body.partners, body.signature)
         self.r.partners[sender] = partners
         if self.r.total is None:
@@ -270,6 +337,7 @@ class _MaskedInput(_Stage):
         return flags
 
     def close(self) -> _Stage:
+        self.settle(ATTESTATION)
         r = self.r
         r.survivors = tuple(sorted(self.answers))
         r.require(len(r.survivors), self.name)
@@ -311,12 +379,10 @@ class _Consistency(_Stage):
         if self.statement is None:  # one list for everybody: serialised once
             self.statement = consistency_message(self.r.session, self.r.round_index, self.r.survivors,
                                                  params=self.r.digest)
-        try:
-            crypto.verify(self.r.directory[sender], body.signature, self.statement)
-        except CryptoError:
-            raise MalformedMessage("survivor signature does not verify") from None
+        self.check_signature(sender, body.signature, self.statement, SURVIVOR_SIGNATURE)
 
     def close(self) -> _Stage:
+        self.settle(SURVIVOR_SIGNATURE)
         self.r.signatures = {c: body.signature for c, body in self.answers.items()}
         self.r.require(len(self.r.signatures), self.name)
         if len(self.r.signatures) < self.r.quorum:
@@ -437,17 +503,22 @@ class _Unmask(_Stage):
             self.taken = []
         return self._points
 
-    def _secret(self, owner: int, kind: int) -> bytes:
+    def _shares_of(self, owner: int, kind: int) -> tuple[tuple[int, ...], bytes]:
+        """The t shares of ``owner``'s secret of ``kind`` with the smallest x-coordinates that
+        answered: their x-coordinates and their bytes end to end; ProtocolAbort below t."""
         slices, xs, values = self._group()
         start, end = slices.get(self.r.graph.position(owner) * 2 + kind, (0, 0))
         if end - start < self.r.threshold:
             raise ProtocolAbort(f"unmask: {end - start} share(s) of client {owner}'s secret, "
                                 f"threshold is {self.r.threshold}")
-        end = start + self.r.threshold  # the smallest x-coordinates that answered
+        end = start + self.r.threshold
+        return tuple(xs[start:end].tolist()), values[start:end].tobytes()
+
+    def _secret(self, owner: int, kind: int) -> bytes:
+        xs, block = self._shares_of(owner, kind)
         try:
-            block, size = values[start:end].tobytes(), shamir.SHARE_BYTES
-            return shamir.combine_one(tuple(xs[start:end].tolist()),
-                                      [block[i:i + size] for i in range(0, len(block), size)])
+            size = shamir.SHARE_BYTES
+            return shamir.combine_one(xs, [block[i:i + size] for i in range(0, len(block), size)])
         except SecAggError:
             raise ProtocolAbort(f"unmask: the shares of client {owner}'s secret do not rebuild a "
                                 "32-byte secret") from None
@@ -479,15 +550,50 @@ class _Unmask(_Stage):
         r.profile["secrets"] = spent
         r.profile["keys"] = time.perf_counter() - start - spent
 
+    def _jobs(self) -> tuple[list[Job], ProtocolAbort | None]:
+        """The unmask work as jobs in the single-process path's order (survivors' seeds, then the
+        dropped clients' mask keys), up to the first secret with fewer than t shares, and that
+        abort (None when every secret has t shares)."""
+        r, jobs = self.r, []
+        try:
+            for u in r.survivors:
+                jobs.append(SeedJob(u, *self._shares_of(u, m.SHARE_OF_SEED)))
+            for d in self.dropped:
+                partners = tuple((v, r.keys[v].mask_key, -1 if v < d else +1) for v in self.needs[d])
+                jobs.append(KeyJob(d, *self._shares_of(d, m.SHARE_OF_MASK_KEY), r.keys[d].mask_key, partners))
+        except ProtocolAbort as short:
+            return jobs, short
+        return jobs, None
+
+    def _pooled(self, length: int) -> np.ndarray:
+        """The masks to remove, computed by the server and its worker processes (same sum, same
+        first abort as :meth:`_expand`)."""
+        r = self.r
+        start = time.perf_counter()
+        jobs, short = self._jobs()
+        r.profile["secrets"] = time.perf_counter() - start  # gathering the shares into jobs
+        start = time.perf_counter()
+        correction = shared_pool(r.workers).partial_sum(
+            jobs, session=r.session, round_index=r.round_index, length=length,
+            modulus_bits=r.encoder.modulus_bits)
+        r.profile["keys"] = time.perf_counter() - start
+        if short is not None:
+            raise short
+        return correction
+
     def close(self) -> None:
         r = self.r
         assert r.total is not None
         # Every secret of the sum is rebuilt before any mask is removed from the total: an abort
         # (too few or inconsistent shares) leaves the total untouched.
-        with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
-            self._expand(masks)
+        if r.workers > 1:
+            correction = self._pooled(r.total.size)
             start = time.perf_counter()
-            correction = masks.finish()
+        else:
+            with MaskSum(length=r.total.size, modulus_bits=r.encoder.modulus_bits) as masks:
+                self._expand(masks)
+                start = time.perf_counter()
+                correction = masks.finish()
         np.add(r.total, correction, out=r.total)
         r.encoder.reduce(r.total)
         r.profile["masks"] = time.perf_counter() - start
@@ -512,12 +618,19 @@ class MaskedServer:
         population: the enrolled clients the corrupt fraction is taken of, >= the ring size. The
             server uses the larger of this and ``len(directory)``, as the clients do; required in
             semi-honest mode (no directory).
+        workers: processes that compute the unmask stage (rebuilding secrets, key agreements,
+            regenerating the masks), this one included, in [1, 64]. 1 (the default): this process
+            alone. More: the work is dealt to the shared worker pool of that size
+            (:mod:`protocols.masked.workers`, spawned on first use and reused by later rounds);
+            the sum and every abort are the same bit for bit, and a worker that dies aborts the
+            round with :class:`~protocols.masked.workers.WorkerError`.
     """
 
     def __init__(self, *, session: bytes, round_index: int, graph: RingGraph, threshold: int,
                  encoder: FixedPointEncoder, length: int, active: bool = True,
                  directory: Mapping[int, bytes] | None = None, corrupt: float = 0.1,
-                 population: int | None = None) -> None:
+                 population: int | None = None, workers: int = 1) -> None:
+        check_workers(workers)
         if len(session) != m.SESSION_BYTES:
             raise ValueError(f"session id must be {m.SESSION_BYTES} bytes")
         if not 0 <= corrupt < 1:
@@ -544,7 +657,7 @@ class MaskedServer:
                                  encoder.max_length, active, encoder.word_slack)
         self._round = _Round(session, round_index, graph, params, encoder, dict(directory or {}),
                              survivor_quorum(n, corrupt, population=population) if active else 0,
-                             m.params_digest(params))
+                             m.params_digest(params), workers=workers)
         self._stage: _Stage | None = _AdvertiseKeys(self._round, graph.ring)
         self.abort_reason: str | None = None
 
@@ -578,7 +691,9 @@ class MaskedServer:
         deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
         the masks of the keys already derived) and expanding the masks still left once every key
         is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
-        before the round completes."""
+        before the round completes. With ``workers`` > 1: ``secrets`` is gathering the shares into
+        jobs, ``keys`` the whole parallel part (rebuilding, agreements, masks, in every process)
+        and ``masks`` adding the correction into the total."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:
@@ -594,6 +709,8 @@ class MaskedServer:
             return  # removed from the round, or spoiled an answer: nothing it sends is taken again
         if stage is None or sender not in stage.member_set or sender in stage.answers:
             # Ignored and recorded; a first, valid answer of this stage stays in force.
+            if stage is not None and sender not in self._round.misbehaved:
+                stage.repeats.add(sender)
             self._round.misbehaved.setdefault(sender, "unexpected or repeated message")
             return
         try:

@@ -76,7 +76,7 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
                 corrupt: float = 0.1, population: int | None = None,
                 noise: Callable[[int], np.ndarray] | None = None,
                 ring_rng: np.random.Generator | None = None,
-                policy: ClientPolicy | None = None) -> SimulatedRound:
+                policy: ClientPolicy | None = None, server_workers: int = 1) -> SimulatedRound:
     """Set up one round: a random session id, the clients on a CSPRNG-shuffled ring of ``degree``.
 
     ``rngs`` feed each client's stochastic rounding. ``active`` (the default) runs authenticated
@@ -87,6 +87,7 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
     ``corrupt`` and ``population``) is every client's policy. ``noise``, if
     given, is each client's source of shifted integer noise (see :class:`MaskedClient`). ``ring_rng``
     (reproducible experiments only) shuffles the ring from a seed instead of the OS CSPRNG.
+    ``server_workers`` is the server's ``workers`` (processes computing its unmask stage).
     """
     ids = list(updates)
     length = int(next(iter(updates.values())).size)
@@ -97,7 +98,7 @@ def build_round(*, updates: Mapping[int, np.ndarray], weights: Mapping[int, int]
     directory = {c: identities[c].public for c in ids} if active else None
     server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                           encoder=encoder, length=length, active=active, directory=directory,
-                          corrupt=corrupt, population=population or len(ids))
+                          corrupt=corrupt, population=population or len(ids), workers=server_workers)
     if policy is None:
         policy = ClientPolicy(require_active=active, corrupt=corrupt, population=population or len(ids))
     specs = {

@@ -140,3 +140,19 @@ def test_parse_override_values():
     assert parse_override("data.dataset=digits") == ("data.dataset", "digits")
     assert parse_override('data.dataset="digits"') == ("data.dataset", "digits")
     assert parse_override("rounds = 4") == ("rounds", 4)
+
+
+def test_secure_workers_is_a_masking_key_in_range_and_reaches_the_protocol():
+    import numpy as np
+
+    from fedsec.experiment import make_protocol
+
+    assert make_config({"secure.workers": 2}).secure.workers == 2
+    for bad in ("0", "65"):
+        with pytest.raises(ConfigError, match="secure.workers: "):
+            load_config(None, [f"secure.workers={bad}"])
+    with pytest.raises(ConfigError, match="secure.workers: needs secure.aggregation = 'masking'"):
+        make_config({"secure.aggregation": "paillier", "secure.workers": 2})
+    protocol = make_protocol("masking", max_weight=3, n_clients=6, fraction=1.0,
+                             rng=np.random.default_rng(0), workers=3)
+    assert protocol.workers == 3

@@ -53,6 +53,7 @@ from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
 from fedsec.protocols.masked.graph import shuffled_ring
 from fedsec.protocols.masked.messages import SESSION_BYTES, SessionParams, decode
+from fedsec.protocols.masked.workers import shared_pool
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.secagg.errors import SecAggError
 
@@ -85,7 +86,9 @@ class MaskingCoordinator(CoordinatorLayer):
         self.rules = MaskedAggregation(max_weight=context.max_weight, rng=context.rng, clip=s.clip,
                                        bits=s.bits, graph=s.graph, threshold=s.threshold, active=s.active,
                                        reproducible=self.reproducible, tolerated_corrupt=s.corrupt,
-                                       population=len(context.names))
+                                       population=len(context.names), workers=s.workers)
+        if s.workers > 1:  # spawn the unmask stage's worker processes now, not in the first round
+            shared_pool(s.workers).warm()
         self.last_misbehaved: dict[int, str] = {}
         self.client_noise: tuple[ClientNoise, SecureRandom] | None = None
         """Client-level DP, set for one update by :class:`~fedsec.network.remote.RemoteRound`: the
@@ -126,7 +129,7 @@ class MaskingCoordinator(CoordinatorLayer):
         population = self.rules.population_for(n)
         server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                               encoder=encoder, length=length, active=s.active, directory=directory,
-                              corrupt=s.corrupt, population=population)
+                              corrupt=s.corrupt, population=population, workers=s.workers)
         upload, first = 0, True
         answered: set[int] = set()
         try:

@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives import serialization
 from fedsec.fl_core.aggregation import ClientUpdate
 from fedsec.protocols.errors import ClientAbort
 from fedsec.protocols.masked import MaskedAggregation
+from fedsec.protocols.masked.workers import shared_pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -187,3 +188,17 @@ def test_pem_roundtrip_of_the_identity_key(study):
     raw = peers["site-0"].identity_key.public_bytes(serialization.Encoding.Raw,
                                                     serialization.PublicFormat.Raw)
     assert key.public == raw
+
+
+@pytest.mark.slow  # starts a worker process (once per test session)
+def test_the_deployed_layer_with_worker_processes_releases_the_same_sum(study):
+    config = make_config({"federation.sites": [f"site-{k}" for k in range(N)], "data.clients": N,
+                          "dp.reproducible": True, "seed": 3, "secure.workers": 2})
+    gen = np.random.default_rng(1)
+    vectors = [gen.uniform(-1, 1, 200).astype(np.float32) for _ in range(N)]
+    weights = [int(w) for w in gen.integers(1, 50, N)]
+    pooled, aborts = _run(study, config, vectors, weights)
+    single, _ = _run(study, _config(), vectors, weights)
+    assert aborts == {} and shared_pool(2).pids()  # the coordinator started the pool
+    np.testing.assert_array_equal(pooled.weighted_sum, single.weighted_sum)
+    assert pooled.participants == single.participants and pooled.total_weight == single.total_weight

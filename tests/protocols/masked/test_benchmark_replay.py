@@ -5,6 +5,7 @@ last."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,7 @@ def test_the_secagg_benchmark_replays_the_round_exactly():
     assert len(result["replay_s"]) == 2 and len(result["replay_cpu_s"]) == 2
     assert result["replay_over_raw_aes"] > 0
     assert result["masks_regenerated"] > result["clients"] - result["dropped"]
+    # The default server has a worker process; each replay is followed by a one-process one.
+    assert result["workers"] == min(2, os.cpu_count() or 1) and result["interleaved"] is False
+    if result["workers"] > 1:
+        assert len(result["replay_single_s"]) == 2 and result["replay_single_cpu_over_raw_aes_cpu"] > 0

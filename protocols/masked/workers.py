@@ -1,0 +1,404 @@
+"""Worker processes for the server's unmask stage: the masks regenerated on more than one core.
+
+``cryptography``'s X25519, HKDF, Ed25519 and AES-CTR calls hold the GIL (AES-CTR's ``update_into``
+too: two threads expanding masks take as long as one), so the unmask stage's work (rebuilding the
+secrets from shares, the key agreements, expanding every mask) only goes faster in more processes.
+
+The unmask stage (:class:`protocols.masked.server.MaskedServer` with ``workers`` > 1) cuts its work
+into jobs, one per secret it must rebuild (a survivor's self-mask seed; a dropped client's mask key
+with the pairwise masks it shared with survivors), deals them into ``workers`` disjoint slices of
+about equal cost, computes one slice itself and sends each other slice to a worker process of an
+:class:`WorkerPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
+or uint64 words, sign * mask added mod 2^word) or the first job of its slice that failed (index
+and abort reason); the server adds the partial sums. Addition mod 2^word commutes, so the total is
+bit for bit the single-process one; a failure is reported for the smallest failed job index, the
+abort the single-process path raises first.
+
+What travels: the jobs go from the server to its own worker processes (the shares the server
+took, already checked against their commitments, and public keys), pickled by the server; what
+comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
+pair, never an object a peer could shape. A worker that dies, answers anything else, or does not
+answer within its deadline (:data:`HUNG_AFTER_S`; its processes are then killed) raises
+:class:`WorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
+never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
+
+Pools are shared: :func:`shared_pool` keeps one pool per size for the process's lifetime (its
+workers are spawned once, then reused by every round), shut down at exit or by :func:`close_pools`.
+Workers are started with the ``spawn`` method (safe beside threads, gRPC or Ray in the parent).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+from fedsec.protocols.errors import ProtocolAbort
+from fedsec.protocols.masked.keys import mask_key, self_mask_key
+from fedsec.secagg import keys as crypto
+from fedsec.secagg import shamir
+from fedsec.secagg.errors import CryptoError, SecAggError
+from fedsec.secagg.prg import MaskExpander, word_dtype
+
+MAX_WORKERS = 64
+"""The largest ``workers`` value accepted (processes, the server's own included)."""
+SIGNATURE_BATCH = 64
+"""Signature checks sent to a worker at a time."""
+HUNG_AFTER_S = 30.0
+"""A worker that has not answered a job this many seconds after the server waits for it is hung
+(stopped, swapping, deadlocked: review S6-3): its pool is killed and the round aborts with
+:class:`WorkerError`. For an unmask slice the wait is at least ``SLOW_FACTOR`` times what the
+server's own slice took (slices are dealt at about equal cost), whichever is longer."""
+SLOW_FACTOR = 20.0
+"""How many times the server's own unmask slice time a worker's slice may take before it is hung."""
+
+
+class WorkerError(ProtocolAbort):
+    """A worker process of the server died or answered something other than what was asked (a
+    partial sum, or one verdict per signature): the round aborts with nothing released."""
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """Rebuild survivor ``owner``'s self-mask seed from ``shares`` (t x 33 bytes, the share at
+    ``xs[i]`` at offset 33 i) and subtract its self-mask."""
+
+    owner: int
+    xs: tuple[int, ...]
+    shares: bytes
+
+
+@dataclass(frozen=True)
+class KeyJob:
+    """Rebuild dropped client ``owner``'s mask key from ``shares``, check it against its advertised
+    ``public`` key, and remove each pairwise mask (partner id, partner's mask public key, sign)."""
+
+    owner: int
+    xs: tuple[int, ...]
+    shares: bytes
+    public: bytes
+    partners: tuple[tuple[int, bytes, int], ...]
+
+
+Job = SeedJob | KeyJob
+
+
+def job_cost(job: Job) -> float:
+    """Relative cost of a job in units of one mask expansion (for dealing slices)."""
+    if isinstance(job, SeedJob):
+        return 1.3
+    return 1.5 + 1.5 * len(job.partners)
+
+
+def deal(jobs: Sequence[Job], parts: int) -> list[list[int]]:
+    """Job indices dealt into ``parts`` slices of about equal cost (largest first, each to the
+    lightest slice), each slice ascending."""
+    loads = [0.0] * parts
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    for index in sorted(range(len(jobs)), key=lambda i: -job_cost(jobs[i])):
+        lightest = loads.index(min(loads))
+        slices[lightest].append(index)
+        loads[lightest] += job_cost(jobs[index])
+    return [sorted(s) for s in slices]
+
+
+def _secret(job: Job) -> bytes:
+    size = shamir.SHARE_BYTES
+    return shamir.combine_one(job.xs, [job.shares[i:i + size] for i in range(0, len(job.shares), size)])
+
+
+def run_slice(session: bytes, round_index: int, length: int, modulus_bits: int,
+              jobs: Sequence[tuple[int, Job]]) -> tuple[bytes, tuple[int, str] | None]:
+    """Run ``(index, job)`` pairs in order: the partial sum's raw bytes (``length`` words of the
+    modulus's word dtype) and None, or, at the first job that fails, empty bytes and (its index,
+    the abort reason). Runs in a worker process or in the server's own."""
+    expander = MaskExpander(length=length, modulus_bits=modulus_bits)
+    acc = np.zeros(length, dtype=word_dtype(modulus_bits))
+    for index, job in jobs:
+        try:
+            secret = _secret(job)
+        except SecAggError:
+            return b"", (index, f"unmask: the shares of client {job.owner}'s secret do not rebuild a "
+                                "32-byte secret")
+        if isinstance(job, SeedJob):
+            expander.add_into(self_mask_key(secret, session, round_index, job.owner), acc, sign=-1)
+            continue
+        try:
+            recovered = crypto.KeyPair.from_private(secret)
+        except CryptoError:
+            recovered = None
+        if recovered is None or recovered.public != job.public:
+            return b"", (index, f"unmask: shares of client {job.owner}'s mask key are inconsistent")
+        for partner, public, sign in job.partners:
+            expander.add_into(mask_key(recovered, public, session, round_index, partner, job.owner), acc,
+                              sign=sign)
+    return acc.tobytes(), None
+
+
+def verify_batch(items: Sequence[tuple[bytes, bytes, bytes]]) -> bytes:
+    """One byte per (public key, signature, message): 1 if the Ed25519 signature verifies, else 0.
+    Runs in a worker process or in the server's own."""
+    verdicts = bytearray(len(items))
+    for i, (public, signature, message) in enumerate(items):
+        try:
+            crypto.verify(public, signature, message)
+        except CryptoError:
+            continue
+        verdicts[i] = 1
+    return bytes(verdicts)
+
+
+Check = tuple[bytes, bytes, bytes]
+"""(Ed25519 public key, signature, message)."""
+
+
+class DeferredSignatures:
+    """The Ed25519 checks of one stage, verified by the pool's workers while the server reads the
+    stage's later messages. Each check carries its sender and a payload (what the server applies
+    once the signature is known good); :meth:`ready` hands back the checks of batches already
+    verified, :meth:`finish` every check left.
+
+    Checks are sent in batches of ``batch``; at the end the server verifies the last partial batch
+    itself and waits for the batches sent.
+    """
+
+    def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
+        self.pool, self.batch = pool, batch or SIGNATURE_BATCH
+        self._pending: list[tuple[int, object, Check]] = []
+        self._sent: list[tuple[list[tuple[int, object]], list[Check], Future]] = []
+        self._error: WorkerError | None = None
+
+    def add(self, sender: int, public: bytes, signature: bytes, message: bytes,
+            payload: object = None) -> None:
+        """Queue the check of ``sender``'s signature on ``message``."""
+        self._pending.append((sender, payload, (public, signature, message)))
+        if len(self._pending) >= self.batch:
+            tagged = [(c, payload) for c, payload, _ in self._pending]
+            items = [item for _, _, item in self._pending]
+            self._pending = []
+            if self._error is not None:
+                return
+            try:
+                self._sent.append((tagged, items, self.pool._submit(verify_batch, items)))
+            except WorkerError as error:  # raised by ready/finish: never from the server's receive
+                self._error = error
+
+    def ready(self, *, keep: int = 4) -> list[tuple[int, object, bool]]:
+        """(sender, payload, verified) of the sent batches already verified, oldest first, waiting
+        for the oldest while more than ``keep`` are outstanding (bounds the payloads held)."""
+        out: list[tuple[int, object, bool]] = []
+        try:
+            while self._error is None and self._sent and (self._sent[0][2].done() or len(self._sent) > keep):
+                tagged, _, future = self._sent.pop(0)
+                out += self._verdicts(tagged, future)
+        except WorkerError as error:  # raised by finish: never from the server's receive
+            self._error = error
+        return out
+
+    def finish(self) -> list[tuple[int, object, bool]]:
+        """(sender, payload, verified) of every check not yet handed back.
+
+        Raises:
+            WorkerError: a worker died or answered something other than one verdict per check.
+        """
+        if self._error is not None:
+            self._drop()
+            raise self._error
+        out: list[tuple[int, object, bool]] = []
+        if self._pending:
+            verdicts = verify_batch([item for _, _, item in self._pending])
+            out += [(c, payload, bool(ok)) for (c, payload, _), ok in zip(self._pending, verdicts,
+                                                                            strict=True)]
+            self._pending = []
+        # The batches sent are waited for, never cancelled: on Python 3.11 a pool that breaks with
+        # a cancelled future pending stops failing the others, and a wait on them would hang.
+        sent, self._sent = self._sent, []
+        for tagged, _, future in sent:
+            out += self._verdicts(tagged, future)
+        return out
+
+    def failed(self) -> list[int]:
+        """:meth:`finish`, for checks without payloads: the senders whose signature failed."""
+        return sorted(c for c, _, ok in self.finish() if not ok)
+
+    def _verdicts(self, tagged: list[tuple[int, object]], future: Future) -> list[tuple[int, object, bool]]:
+        try:
+            answer = future.result(timeout=HUNG_AFTER_S)
+        except TimeoutError:
+            self._broken(f"no answer within {HUNG_AFTER_S:g} s")
+        except Exception as error:  # BrokenProcessPool, or anything the worker raised
+            self._broken(type(error).__name__)
+        if not isinstance(answer, bytes) or len(answer) != len(tagged) or set(answer) - {0, 1}:
+            self._broken("not one verdict per signature")
+        return [(c, payload, bool(ok)) for (c, payload), ok in zip(tagged, answer, strict=True)]
+
+    def _broken(self, why: str) -> NoReturn:
+        self._drop()
+        self.pool._fail()
+        raise WorkerError(f"a worker process failed ({why}); nothing released")
+
+    def _drop(self) -> None:
+        # Dropped, not cancelled: the pool is broken, and its manager thread fails every pending
+        # future itself (on Python 3.11 it raises InvalidStateError on one already cancelled).
+        self._sent, self._pending = [], []
+
+
+def _ready() -> int:
+    return os.getpid()
+
+
+def check_workers(workers: object) -> int:
+    """``workers`` validated: an integer in [1, MAX_WORKERS] (ValueError otherwise)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer in [1, {MAX_WORKERS}], got {workers!r}")
+    return workers
+
+
+class WorkerPool:
+    """``workers - 1`` worker processes (the server computes one slice itself), spawned on first use.
+
+    Args:
+        workers: processes computing the unmask stage, the server's own included, in [2, 64].
+    """
+
+    def __init__(self, *, workers: int) -> None:
+        if check_workers(workers) < 2:
+            raise ValueError(f"an WorkerPool needs workers >= 2, got {workers}")
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            max_workers=workers - 1, mp_context=multiprocessing.get_context("spawn"))
+        self.broken = False
+
+    def warm(self) -> list[int]:
+        """Start every worker process now (each imports the code once) and return their pids.
+
+        Raises:
+            WorkerError: a worker could not start (e.g. a script without a ``__main__`` guard).
+        """
+        futures = [self._submit(_ready) for _ in range(self.workers - 1)]
+        try:
+            return sorted({f.result() for f in futures})
+        except Exception as error:  # BrokenProcessPool
+            self._fail()
+            raise WorkerError(f"a worker process failed to start ({type(error).__name__})") from None
+
+    def pids(self) -> list[int]:
+        """The worker processes' ids (those started so far)."""
+        executor = self._executor
+        processes = getattr(executor, "_processes", None) or {}
+        return sorted(processes)
+
+    def _submit(self, fn, *args) -> Future:  # type: ignore[no-untyped-def]
+        if self._executor is None or self.broken:
+            raise WorkerError("the worker pool is closed or broken; nothing released")
+        try:
+            return self._executor.submit(fn, *args)
+        except Exception as error:  # BrokenProcessPool or a shut-down executor
+            self._fail()
+            raise WorkerError(f"a worker process failed ({type(error).__name__}); nothing released") from None
+
+    def _fail(self) -> None:
+        self.broken = True
+        _forget(self)
+        for pid in self.pids():  # a hung worker would never end on its own (review S6-3)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.close()
+
+    def partial_sum(self, jobs: Sequence[Job], *, session: bytes, round_index: int, length: int,
+                    modulus_bits: int) -> np.ndarray:
+        """Sum of every job's masks (mod 2^word), the slices computed here and in the workers.
+
+        Raises:
+            ProtocolAbort: the abort of the smallest-index job that failed (what the
+                single-process path raises first).
+            WorkerError: a worker died or answered something else; its pool is closed.
+        """
+        dtype = word_dtype(modulus_bits)
+        slices = deal(jobs, self.workers)
+        try:
+            futures = [self._submit(run_slice, session, round_index, length, modulus_bits,
+                                    [(i, jobs[i]) for i in part]) for part in slices[1:]]
+        except WorkerError as error:
+            raise WorkerError(f"unmask: {error}") from None
+        started = time.perf_counter()
+        own, failure = run_slice(session, round_index, length, modulus_bits,
+                                 [(i, jobs[i]) for i in slices[0]])
+        patience = max(HUNG_AFTER_S, SLOW_FACTOR * (time.perf_counter() - started))
+        deadline = time.monotonic() + patience
+        failures = [failure] if failure is not None else []
+        total = np.frombuffer(own, dtype=dtype).copy() if failure is None else None
+        broken: str | None = None
+        for future in futures:
+            try:
+                answer = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                broken = broken or f"no answer within {patience:.3g} s"
+                continue
+            except Exception as error:  # BrokenProcessPool, or anything the worker raised
+                broken = broken or type(error).__name__
+                continue
+            valid = (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes))
+            data, failed = answer if valid else (b"", None)
+            if failed is not None and isinstance(failed, tuple) and len(failed) == 2:
+                failures.append((int(failed[0]), str(failed[1])))
+            elif len(data) != length * dtype.itemsize:
+                broken = broken or "a partial sum of the wrong size"
+            elif total is not None:
+                np.add(total, np.frombuffer(data, dtype=dtype), out=total)
+        if broken is not None:
+            self._fail()
+            raise WorkerError(f"unmask: a worker process failed ({broken}); nothing released")
+        if failures:
+            raise ProtocolAbort(min(failures)[1])
+        assert total is not None
+        return total
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # A broken pool's manager thread fails its pending futures itself (cancelling them
+            # first makes Python 3.11's raise InvalidStateError).
+            executor.shutdown(wait=not self.broken, cancel_futures=not self.broken)
+
+
+_pools: dict[int, WorkerPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(workers: int) -> WorkerPool:
+    """The process-wide pool of this size, created on first use (a broken one is replaced)."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None or pool.broken:
+            pool = _pools[workers] = WorkerPool(workers=workers)
+        return pool
+
+
+def _forget(pool: WorkerPool) -> None:
+    with _pools_lock:
+        if _pools.get(pool.workers) is pool:
+            del _pools[pool.workers]
+
+
+def close_pools() -> None:
+    """Shut down every shared pool (each is started again on its next use)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(close_pools)
