@@ -42,15 +42,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedsec.protocols.errors import MalformedMessage
+from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.paillier import DecryptionRefused, PaillierServer
-from fedsec.protocols.paillier.spec import roster_digest
+from fedsec.protocols.paillier.client import OTHER_CONTEXT
+from fedsec.protocols.paillier.spec import NO_CONTEXT, roster_digest
 from fedsec.protocols.privacy import PrivacyBudget
 from fedsec.protocols.privacy.client_level import SHIFT_STDS, distributed_round_event, sensitivity
 from fedsec.protocols.wire import Writer
 
 from fedsec.config import make_config
-from fedsec.network.client_noise import noise_rule
+from fedsec.network.client_noise import noise_context, noise_rule
 from fedsec.network.errors import PolicyRefused
 from fedsec.network.keyholder import ANNOUNCE, DECRYPT, ENROL, REGISTER, KeyHolderService, encode_enrolment
 from fedsec.network.keyholder_state import KeyHolderState
@@ -77,7 +78,7 @@ def _plan(target: float):
     return make_config({"data.clients": len(ROSTER), "secure.aggregation": "paillier",
                         "secure.custody": "key_holder", "secure.threshold": T, "rounds": ROUNDS,
                         "federation.sites": list(ROSTER), "federation.keyholder": "127.0.0.1:1",
-                        "federation.min_sites": 2, "dp.mode": "client", "dp.max_grad_norm": CLIP,
+                        "federation.min_sites": 3, "dp.mode": "client", "dp.max_grad_norm": CLIP,
                         "dp.target_epsilon": target, "dp.reproducible": False})
 
 
@@ -142,11 +143,13 @@ def keyholder(study, tmp_path):  # noqa: F811
         service.close()
 
 
-@pytest.mark.xfail(strict=True, reason="S6-1: nothing binds the noise multiplier (or the plan it was checked "
-                                       "against) into a key-holder sum; per-site max_weight hides the "
-                                       "differing noise room, so one spec mixes shares of different mu")
+@pytest.mark.parametrize("bound", ["hosp-a's", "the others'", "none", "forged"])
 @pytest.mark.parametrize("variant", ["same plan", "two plans"])
-def test_one_sum_mixes_shares_drawn_for_different_noise(study, keyholder, tmp_path, variant):  # noqa: F811
+def test_one_sum_mixes_shares_drawn_for_different_noise(study, keyholder, tmp_path, variant, bound):  # noqa: F811
+    """Fixed (S6-1): every site binds its OWN noise context (plan digest, z, D2, S, t, c) into the
+    spec it submits under; the coordinator searches which context to bind (hosp-a's, the
+    others', none, a forged one): some site always refuses, and fewer than t submissions are
+    never decrypted."""
     service, caller, coordinator_key = keyholder
     call = lambda topic, payload: service.handle(caller, topic, payload)  # noqa: E731
     plan_a = _plan(1.0)
@@ -181,21 +184,34 @@ def test_one_sum_mixes_shares_drawn_for_different_noise(study, keyholder, tmp_pa
                                          weight=1)
     bounds = {sites[n].encoding.encoder.word_bound for n in ROSTER}
     assert len(bounds) == 1  # the per-site max_weight hid the differing noise room
+    contexts = {n: noise_context(plan_a if n == "hosp-a" else plan_others, rules[n], threshold=T,
+                                 colluders=colluders) for n in ROSTER}
+    assert contexts["hosp-b"] == contexts["hosp-x"] != contexts["hosp-a"]
+    bind = {"hosp-a's": contexts["hosp-a"], "the others'": contexts["hosp-b"], "none": NO_CONTEXT,
+            "forged": bytes(range(32))}[bound]
     spec = layer.round_spec(sequence=sequence, length=LENGTH, clients=len(ROSTER), word_bound=bounds.pop(),
-                            tagged=True, roster=roster_digest(ROSTER))
+                            tagged=True, roster=roster_digest(ROSTER), context=bind)
     public = service.holder.public_key
     server = PaillierServer(public, spec, expected=list(IDS.values()), threshold=T,
                             identities={IDS[n]: load_identity(identity_path(study.parties[n])).public
                                         for n in ROSTER},
                             identity=coordinator_key, roster=ROSTER)
+    refused = set()
     for name in ROSTER:
         registration = sites[name].handle(layer.REGISTER, b"")
         welcome = call(REGISTER, registration) if registration else b""
-        submission = sites[name].handle(layer.SUBMIT, Writer().blob(welcome).blob(spec.to_bytes()).getvalue())
+        try:
+            submission = sites[name].handle(layer.SUBMIT,
+                                            Writer().blob(welcome).blob(spec.to_bytes()).getvalue())
+        except ClientAbort as error:
+            assert str(error) == OTHER_CONTEXT
+            refused.add(name)
+            continue
         server.receive(IDS[name], submission)
+    assert refused and refused == {n for n in ROSTER if contexts[n] != bind}
     try:
         server.finish(call(DECRYPT, server.decryption_request()))
-    except (DecryptionRefused, MalformedMessage):
+    except (DecryptionRefused, MalformedMessage, ProtocolAbort):
         return  # the secure outcome: no such sum is released
     in_sum = sum(sites[n].encoding.noise.variance for n in ROSTER)
     mu_a = rules["hosp-a"].total_variance
