@@ -65,6 +65,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     check.add_argument("plan", metavar="PLAN")
     check.add_argument("--policy", required=True, metavar="SITE.toml")
     check.add_argument("--state", metavar="DIR", help="the site's state directory (its ledger)")
+    check.add_argument("--name", metavar="SITE", help="this site's certificate name (aggregation.peers "
+                       "admits it besides the listed peers)")
     check.set_defaults(network_handler=_site_check)
     from fedsec.network import deploy_cli, keyholder_cli
 
@@ -154,11 +156,11 @@ def _site_check(args: argparse.Namespace) -> int:
     run_id = hashlib.sha256(plan_bytes).hexdigest()
     if args.state:
         with EpsilonLedger(args.state, lifetime_cap=policy.max_epsilon_lifetime) as ledger:
-            admit_plan(policy, facts, ledger=ledger, run_id=run_id, dry_run=True)
+            admit_plan(policy, facts, ledger=ledger, run_id=run_id, dry_run=True, name=args.name)
             spent = ledger.spent()
         ledger_text = f"; ledger: {spent:g} of {policy.max_epsilon_lifetime:g} spent"
     else:
-        check_plan(policy, facts)
+        check_plan(policy, facts, name=args.name)
         ledger_text = ""
     print(f"plan sha256 {run_id} accepted by {policy.source} ({facts.aggregation}, {facts.sites_per_round} "
           f"sites a round, threshold {facts.threshold}, epsilon {facts.epsilon:g}, {facts.model}, "

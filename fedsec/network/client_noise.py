@@ -30,10 +30,23 @@ of the round actually run), so with ``dp.reproducible`` the deployed history is 
 each site's share then comes from the seeded stream ``SecureRandom.from_seed(seed, "client")``
 at the position the coordinator computes by replaying the simulation's draws (public anyway:
 reproducible noise protects nobody who knows the seed).
+
+The argument needs every honest share of one sum drawn for the SAME mu and the same t - c (review
+S6-1: a coordinator that hands sites different z, or different plans, would otherwise mix shares of
+mu_a / (t - c) with smaller ones in a sum site a counts as holding mu_a). So every site computes
+its **noise context** (:func:`noise_context`: SHA-256 of its own plan's canonical digest and its
+own rule: z, the sensitivity, S, t, c, the mechanism) from what it itself holds, never from a
+field it is sent, and binds it into what the honest participants of a sum cryptographically agree
+on: the Paillier round spec (its digest enters every tag; a client refuses a spec bound to another
+context) and the masked session id (every key a site signs and every mask it derives binds it; a
+site whose context differs sees another session and aborts). Sites whose contexts differ are never
+in one released sum.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +54,12 @@ from fedsec.config import ExperimentConfig
 from fedsec.dp import SecureRandom
 from fedsec.protocols.masked.policy import corrupt_count, population_corrupt
 from fedsec.protocols.privacy.client_level import SkellamShares, sensitivity, share_variance
+
+NO_CONTEXT = bytes(32)
+"""The noise context of a sum that carries no client-level noise (statistics, other DP modes)."""
+MECHANISM = b"skellam"
+"""The noise mechanism a site draws its share with (bound into the noise context)."""
+_CONTEXT_DOMAIN = b"fedsec/client-noise/context/v1"
 
 STREAM = "client"
 """The purpose of the seeded noise stream under ``dp.reproducible`` (the simulation's)."""
@@ -103,3 +122,17 @@ def share_stream(config: ExperimentConfig, offset: int | None) -> SecureRandom:
     random = SecureRandom.from_seed(config.seed, STREAM)
     random.load_state_dict({"key": random.state_dict()["key"], "offset": int(offset or 0)})
     return random
+
+
+def noise_context(config: ExperimentConfig, rule: ClientNoise, *, threshold: int = 0,
+                  colluders: int = 0) -> bytes:
+    """The 32-byte digest of one sum's noise context, as THIS party sees it: SHA-256 of the plan's
+    canonical digest (:meth:`ExperimentConfig.sha256`: clip S, bits, corrupt fraction, roster,
+    rounds, accountant...), the noise multiplier z and sensitivity D2 (float64), S, the threshold
+    t and colluders c the share is sized for (0 where a signed session fixes them, as masking's
+    parameters do), and the mechanism. Two honest parties agree on it iff they drew (or expect)
+    shares of the same mu / (t - c) under the same plan."""
+    w = struct.pack(">32s32sddd2Q", hashlib.sha256(_CONTEXT_DOMAIN).digest(),
+                    bytes.fromhex(config.sha256()), float(rule.noise_multiplier), float(rule.l2),
+                    float(config.dp.max_grad_norm), int(threshold), int(colluders))
+    return hashlib.sha256(w + MECHANISM).digest()

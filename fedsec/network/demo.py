@@ -90,6 +90,8 @@ class Deployment:
     sites: list[Enrolled]
     data: list[Path]
     plan: Path
+    policies: list[Path]
+    """Each site's ``SITE.toml``: ``aggregation.peers`` = the study's other sites (review S6-2)."""
 
     def state(self, k: int) -> Path:
         return self.root / "state" / self.sites[k].name
@@ -111,7 +113,13 @@ def prepare(root: Path, n_sites: int, *, rounds: int = 30, seed: int = 0, extra:
     data = breast_cancer_shards(root / "data", n_sites, seed=seed)
     plan = root / "plan.toml"
     plan.write_text(plan_text(names, rounds=rounds, seed=seed, extra=extra, stage_timeout=stage_timeout))
-    return Deployment(root, ca_dir / "ca.crt", coordinator, sites, data, plan)
+    policies = []
+    for name in names:
+        policy = root / "parties" / name / "SITE.toml"
+        peers = ", ".join(f'"{other}"' for other in names if other != name)
+        policy.write_text(f"[aggregation]\npeers = [{peers}]\n")
+        policies.append(policy)
+    return Deployment(root, ca_dir / "ca.crt", coordinator, sites, data, plan, policies)
 
 
 def fedsec_command() -> list[str]:
@@ -161,7 +169,8 @@ def run_demo(root: Path, n_sites: int, *, rounds: int = 30, say=print) -> int:
     try:
         for k in range(n_sites):
             log = open(logs / f"{d.sites[k].name}.log", "w")
-            sites.append(subprocess.Popen(join_command(d, k, port), stdout=log, stderr=subprocess.STDOUT))
+            sites.append(subprocess.Popen(join_command(d, k, port, policy=d.policies[k]), stdout=log,
+                                          stderr=subprocess.STDOUT))
             say(f"{d.sites[k].name} joined from its own process (pid {sites[-1].pid})")
         assert coordinator.stdout is not None
         for line in coordinator.stdout:

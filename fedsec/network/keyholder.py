@@ -133,9 +133,15 @@ class KeyHolderService:
                                         private_key=key.private_key, tag_secret=key.tag_secret,
                                         mac_key=key.mac_key)
         self.key_id = key.public_key.key_id
+        dropped = {}
         for client_id, site, public in state.enrolled():
+            problem = self._enrolment_problem(client_id, site, public)
+            if problem:
+                dropped[client_id] = (site, problem)  # a revoked or off-``--sites`` enrolment: not counted
+                continue
             self.holder.enroll(client_id, public, name=site)
-        replayed = state.registrations(self.key_id, key.epoch)
+        replayed = [r for r in state.registrations(self.key_id, key.epoch)
+                    if _registrant(r) not in dropped]
         for registration in replayed:
             self.holder.register(registration)
         facts = {k: v for k, v in self.status().items() if k != "certificate"}
@@ -148,6 +154,45 @@ class KeyHolderService:
             "key_bits": key.public_key.key_bits, "new_key": state.created,
             "last_sequence": self.holder.last_sequence, "enrolled": len(state.enrolled()),
             "registrations": len(replayed)})
+        for client_id, (site, problem) in sorted(dropped.items()):
+            self._decide(("enrol.withdrawn", None, {"client_id": client_id, "site": site,
+                                                    "reason": problem[:200]}))
+
+    def _enrolment_problem(self, client_id: int, site: str, public: bytes) -> str:
+        """Why the stored enrolment of ``client_id`` (as ``site`` with identity key ``public``) no
+        longer counts, or '': its stored certificate must still verify now (the study's root, role
+        ``site``, not revoked, valid, on ``--sites`` if given) and name that site and key. An
+        enrolment stored with no certificate (an older state) does not count until re-enrolled."""
+        pem = self.state.certificate(client_id)
+        if pem is None:
+            return "no certificate stored for this enrolment"
+        try:
+            peer = verify_peer(x509.load_pem_x509_certificate(pem), trust=self.trust, roles=("site",),
+                               roster=self.sites)
+        except PeerRejected as error:
+            return error.reason
+        except ValueError:
+            return "the stored certificate does not parse"
+        if peer.name != site or raw_identity(peer.identity_key) != public:
+            return "the stored certificate names another site or key"
+        return ""
+
+    def _withdraw_invalid(self, client_ids: Any) -> list[int]:
+        """Withdraw (and log) every enrolled id among ``client_ids`` whose certificate no longer
+        verifies (revoked since, or off ``--sites``); returns them."""
+        withdrawn = []
+        enrolled = {c: (n, k) for c, n, k in self.state.enrolled()}
+        for client_id in client_ids:
+            if client_id not in enrolled or client_id in self.holder.withdrawn:
+                continue
+            problem = self._enrolment_problem(client_id, *enrolled[client_id])
+            if problem:
+                self.holder.withdraw(client_id)
+                site = enrolled[client_id][0]
+                self._decide(("enrol.withdrawn", None, {"client_id": client_id, "site": site,
+                                                        "reason": problem[:200]}))
+                withdrawn.append(client_id)
+        return withdrawn
 
     def status(self) -> dict:
         key = self.state.key
@@ -196,7 +241,7 @@ class KeyHolderService:
             site = verify_peer(x509.load_pem_x509_certificate(cert_pem), trust=self.trust, roles=("site",),
                                roster=self.sites)
             public = raw_identity(site.identity_key)
-            new = self.state.enrol(client_id, site.name, public)
+            new = self.state.enrol(client_id, site.name, public, cert_pem)
             self.holder.enroll(client_id, public, name=site.name)
         except (MalformedMessage, PeerRejected, EnrolmentConflict, ValueError) as error:
             reason = error.reason if isinstance(error, PeerRejected) else str(error)
@@ -207,6 +252,7 @@ class KeyHolderService:
 
     def _register(self, payload: bytes) -> tuple[bytes, tuple[str, int | None, dict]]:
         try:
+            self._withdraw_invalid([_registrant(payload)])
             welcome = self.holder.register(payload)
         except MalformedMessage as error:
             self._decide(("register.refused", None, {"reason": str(error)[:200]}))
@@ -219,6 +265,10 @@ class KeyHolderService:
         sequence = _claimed_sequence(payload)
         self.holder.server_identity = raw_identity(peer.identity_key)
         served = self.holder.decryptions
+        try:  # a contributor revoked (or off --sites) since it enrolled no longer counts
+            self._withdraw_invalid(decode(payload, DecryptionRequest).participants)
+        except MalformedMessage:
+            pass  # the holder refuses it below, with its reason
         reply = self.holder.respond(payload)
         if self.holder.decryptions > served:
             request = decode(payload, DecryptionRequest)
@@ -234,6 +284,14 @@ class KeyHolderService:
                                                "decryptions": self.holder.decryptions})
             self.audit.close()
             self.state.close()
+
+
+def _registrant(payload: bytes) -> int | None:
+    """The client id a registration claims (its signature is the holder's to check), or None."""
+    try:
+        return decode(payload, Registration).client_id
+    except MalformedMessage:
+        return None
 
 
 def _claimed_sequence(payload: bytes) -> int | None:

@@ -40,6 +40,7 @@ KEY_FORMAT = "fedsec-keyholder-key-1"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS enrolled (client_id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
                                      identity BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS certificates (client_id INTEGER PRIMARY KEY, pem BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS registrations (seq INTEGER PRIMARY KEY AUTOINCREMENT, key_id BLOB NOT NULL,
                                           epoch INTEGER NOT NULL, message BLOB NOT NULL);
 """
@@ -164,8 +165,10 @@ class KeyHolderState:
     def audit_path(self) -> Path:
         return self.directory / AUDIT_FILE
 
-    def enrol(self, client_id: int, name: str, identity: bytes) -> bool:
-        """Record that ``client_id`` is the site ``name`` with Ed25519 key ``identity``.
+    def enrol(self, client_id: int, name: str, identity: bytes, certificate: bytes = b"") -> bool:
+        """Record that ``client_id`` is the site ``name`` with Ed25519 key ``identity``, and the
+        certificate (PEM) it was last enrolled with (checked again at every start, registration
+        and decryption: revocation and ``--sites``, review S6-2).
 
         Returns True if new, False if exactly this was recorded before; raises
         :class:`EnrolmentConflict` if the id or the name is taken by something else."""
@@ -175,11 +178,19 @@ class KeyHolderState:
             if any((int(c), str(n), bytes(k)) != (client_id, name, identity) for c, n, k in rows):
                 raise EnrolmentConflict(f"client {client_id} or site {name} is enrolled with another "
                                         "id, name or key")
+            if certificate:
+                self._db.execute("INSERT OR REPLACE INTO certificates (client_id, pem) VALUES (?, ?)",
+                                 (client_id, certificate))
             if rows:
                 return False
             self._db.execute("INSERT INTO enrolled (client_id, name, identity) VALUES (?, ?, ?)",
                              (client_id, name, identity))
         return True
+
+    def certificate(self, client_id: int) -> bytes | None:
+        """The certificate (PEM) ``client_id`` was last enrolled with, or None (none stored)."""
+        row = self._db.execute("SELECT pem FROM certificates WHERE client_id = ?", (client_id,)).fetchone()
+        return bytes(row[0]) if row else None
 
     def enrolled(self) -> list[tuple[int, str, bytes]]:
         """Every enrolment (client id, name, identity key), by id."""

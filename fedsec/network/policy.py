@@ -14,6 +14,7 @@ Example::
     min_corrupt = 0.1                   # smallest colluding fraction the plan must assume
     min_sites = 4                       # smallest number of sites per round
     require_active = true               # masking must run authenticated (against a lying server)
+    peers = ["hosp-b", "hosp-c"]        # the only sites this one agrees to be summed with
 
     [dp]
     required = true
@@ -47,7 +48,7 @@ from fedsec.network.ledger import EpsilonLedger
 
 AGGREGATIONS = ("none", "masking", "paillier")
 MODELS = ("logreg", "mlp", "cnn")
-RULES = ("aggregation.allowed", "aggregation.require_active", "aggregation.min_sites",
+RULES = ("aggregation.allowed", "aggregation.peers", "aggregation.require_active", "aggregation.min_sites",
          "aggregation.min_threshold", "aggregation.min_corrupt", "dp.required", "dp.reproducible",
          "dp.max_epsilon_run",
          "dp.max_delta", "data.max_test_fraction", "models.allowed", "rounds.max",
@@ -70,6 +71,11 @@ class SitePolicy:
             (mu / (t - c)), at every aggregation.
         min_sites: smallest number of sites per round, >= 2 (default 3).
         require_active: masking must run in authenticated mode (default true).
+        peers: the names of the sites this one agrees to be summed with (certificate names),
+            or None (the default: the plan's roster, which the coordinator writes, decides; the
+            site warns at join). A plan whose ``federation.sites`` holds a name outside these and
+            the site's own is refused (review S6-2: a coordinator that shows a site a roster of
+            itself and certified colluders would otherwise sum it with them alone).
         dp_required: a plan without DP is refused (default true).
         max_epsilon_run: largest epsilon of one run, > 0 (default 10).
         max_epsilon_lifetime: largest epsilon summed over the site's runs, >= max_epsilon_run
@@ -98,6 +104,7 @@ class SitePolicy:
     max_rounds: int = 1000
     max_delta: float = 1e-5
     max_test_fraction: float = 0.5
+    peers: tuple[str, ...] | None = None
     source: str = field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +129,10 @@ class SitePolicy:
                            ("data.max_test_fraction", self.max_test_fraction)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
                 raise ValueError(f"{key}: must be a number in (0, 1)")
+        if self.peers is not None and (
+                not isinstance(self.peers, tuple) or len(set(self.peers)) != len(self.peers)
+                or any(not isinstance(p, str) or not p for p in self.peers)):
+            raise ValueError("aggregation.peers: must be a list of distinct site names")
         if self.max_epsilon_lifetime < self.max_epsilon_run:
             raise ValueError("dp.max_epsilon_lifetime: must be >= dp.max_epsilon_run")
 
@@ -139,6 +150,7 @@ def _int_at_least(key: str, value: Any, low: int) -> None:
 _KEYS = {"aggregation.allowed": "aggregation_allowed", "aggregation.min_threshold": "min_threshold",
          "aggregation.min_corrupt": "min_corrupt",
          "aggregation.min_sites": "min_sites", "aggregation.require_active": "require_active",
+         "aggregation.peers": "peers",
          "dp.required": "dp_required", "dp.max_epsilon_run": "max_epsilon_run",
          "dp.max_epsilon_lifetime": "max_epsilon_lifetime", "models.allowed": "models_allowed",
          "rounds.max": "max_rounds", "dp.max_delta": "max_delta",
@@ -189,6 +201,7 @@ class PlanFacts:
         test_fraction: the plan's ``data.test_fraction`` (held out, evaluated without DP).
         unit: the privacy unit its epsilon is stated in: ``client`` (``dp.mode = "client"``: a
             site's whole contribution) or ``example`` (DP-SGD: one record; also without DP).
+        roster: the plan's ``federation.sites`` (the sites its sums may draw on).
     """
 
     aggregation: str
@@ -204,6 +217,7 @@ class PlanFacts:
     test_fraction: float = 0.0
     corrupt: float = 0.1
     unit: str = "example"
+    roster: tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -242,19 +256,25 @@ def plan_facts(config: ExperimentConfig, *, min_sites: int | None = None) -> Pla
                      epsilon=epsilon, model=config.model.name, rounds=config.rounds,
                      delta=dp.delta if uses_dp else 0.0, test_fraction=config.data.test_fraction,
                      corrupt=secure.corrupt,
-                     unit="client" if dp.mode == "client" else "example")
+                     unit="client" if dp.mode == "client" else "example",
+                     roster=tuple(config.federation.sites))
 
 
 def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
-               min_sites: int | None = None) -> None:
+               min_sites: int | None = None, name: str | None = None) -> None:
     """Raise :class:`PolicyRefused` naming the first rule of :data:`RULES` the plan breaks.
 
+    ``name``: this site's own name (``aggregation.peers`` admits it besides the listed peers).
     The lifetime rule needs the site's history and is the :class:`EpsilonLedger`'s.
     """
     facts = plan if isinstance(plan, PlanFacts) else plan_facts(plan, min_sites=min_sites)
     if facts.aggregation not in policy.aggregation_allowed:
         raise PolicyRefused("aggregation.allowed", f"the plan uses {facts.aggregation!r}; this site accepts "
                                                    f"{', '.join(policy.aggregation_allowed)}")
+    outside = sorted(set(facts.roster) - set(policy.peers or ()) - {name}) if policy.peers is not None else []
+    if outside:
+        raise PolicyRefused("aggregation.peers", f"the plan's roster lists {', '.join(outside)}, not among "
+                                                 f"this site's peers")
     if policy.require_active and not facts.active:
         raise PolicyRefused("aggregation.require_active", "the plan runs masking in semi-honest mode")
     if facts.sites_per_round < policy.min_sites:
@@ -290,13 +310,13 @@ def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
 
 
 def admit_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *, ledger: EpsilonLedger, run_id: str,
-               min_sites: int | None = None, dry_run: bool = False) -> PlanFacts:
+               min_sites: int | None = None, dry_run: bool = False, name: str | None = None) -> PlanFacts:
     """Check the plan (:func:`check_plan`), then reserve its epsilon in the site's ledger.
 
     Returns the plan's facts once admitted; raises :class:`PolicyRefused` otherwise, having
     written nothing. ``dry_run`` checks the ledger without reserving.
     """
     facts = plan if isinstance(plan, PlanFacts) else plan_facts(plan, min_sites=min_sites)
-    check_plan(policy, facts)
+    check_plan(policy, facts, name=name)
     ledger.reserve(run_id, facts.epsilon, unit=facts.unit, dry_run=dry_run)
     return facts

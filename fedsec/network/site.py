@@ -205,7 +205,7 @@ class Site:
             return EXIT_BAD
         try:
             total = admit_plan(self.policy, config, ledger=ledger, run_id=sha,
-                               min_sites=config.federation.min_sites).epsilon
+                               min_sites=config.federation.min_sites, name=self.name).epsilon
         except PolicyRefused as refusal:
             self.say(f"refused: {refusal.rule}: {refusal}")
             self._event("plan_refused", {"sha256": sha, "rule": refusal.rule})
@@ -248,7 +248,10 @@ class Site:
             raise PolicyRefused("federation.server", f"the plan names {config.federation.server!r} as its "
                                                      f"coordinator, this site dialled {self.server_name!r}")
         admit_plan(self.policy, config, ledger=ledger, run_id=sha, min_sites=config.federation.min_sites,
-                   dry_run=True)
+                   dry_run=True, name=self.name)
+        if self.policy.peers is None:
+            self.say("warning: this site's policy sets no aggregation.peers: the coordinator's plan chooses "
+                     "whom this site is summed with")
         return config
 
     def _jobs(self, config: ExperimentConfig, sha: str, state: SiteState) -> int:

@@ -36,6 +36,7 @@ from fedsec.protocols.paillier.messages import (
 )
 from fedsec.protocols.paillier.party import DecryptionParty
 from fedsec.protocols.paillier.spec import (
+    NO_CONTEXT,
     RoundSpec,
     client_tags,
     roster_digest,
@@ -73,6 +74,7 @@ BAD_WELCOME = "welcome does not open or is for another key"
 SEQUENCE_JUMP = "sequence number jumps too far ahead"
 OTHER_KEYS = "different verification keys for this key and epoch"
 OTHER_ROSTER = "the round spec binds another roster than this client's own"
+OTHER_CONTEXT = "the round spec binds another noise context than this client's own"
 
 MAX_SEQUENCE_GAP = 1 << 20
 """A client accepts aggregation sequence number s only in (last, last + MAX_SEQUENCE_GAP] (last:
@@ -205,14 +207,18 @@ class PaillierClient:
             raise ClientAbort(BAD_SPEC)
         return spec
 
-    def submit(self, spec_bytes: bytes, words: np.ndarray, *, roster: Sequence[str] | None = None) -> bytes:
+    def submit(self, spec_bytes: bytes, words: np.ndarray, *, roster: Sequence[str] | None = None,
+               context: bytes = NO_CONTEXT) -> bytes:
         """Encrypt ``words`` (the encoder's words, without the count word) for ``spec``.
 
         ``roster``: the names of this client's own roster (its plan's sites), required under
         key-holder custody: the spec must bind exactly that roster (:func:`roster_digest`, in
         any order), or the client refuses (OTHER_ROSTER). Its tags bind the spec, roster digest
         included, so the key holder can decrypt this submission only in a sum whose every
-        contributor is enrolled under a name of this roster.
+        contributor is enrolled under a name of this roster. ``context``: the digest of this
+        client's own noise context (:func:`fedsec.network.client_noise.noise_context`, or
+        :data:`NO_CONTEXT`); the spec must carry exactly it (OTHER_CONTEXT), so every client of one
+        sum drew its noise share for the same rule (review S6-1).
 
         Returns the signed Submission; raises ClientAbort if the spec is malformed, binds another
         roster (OTHER_ROSTER), names an aggregation this client already contributed to under this
@@ -227,6 +233,8 @@ class PaillierClient:
                 raise ClientAbort(OTHER_ROSTER) from None
             if own is None or spec.roster != own:
                 raise ClientAbort(OTHER_ROSTER)
+        if spec.context != context:
+            raise ClientAbort(OTHER_CONTEXT)
         last = self._last_submitted.get(self.public_key.key_id, 0)
         if spec.sequence <= last:
             raise ClientAbort(REPLAY)

@@ -140,6 +140,8 @@ class PaillierKeyHolder:
         self._registered: dict[int, set[bytes]] = {}
         """Every tag key each client registered under this key and epoch (replays are refused)."""
         self._current_tag: dict[int, bytes] = {}
+        self.withdrawn: set[int] = set()
+        """Clients whose enrolment was withdrawn (:meth:`withdraw`): they no longer count."""
         self.decryptions = 0
         self.refusals: deque[tuple[int | None, str]] = deque(maxlen=REFUSAL_RECORD)
         """The key holder's own record of the last :data:`REFUSAL_RECORD` (sequence or None,
@@ -162,6 +164,16 @@ class PaillierKeyHolder:
         if self._ids.get(name, client_id) != client_id:
             raise InvalidArgumentError(f"the name {name!r} is enrolled under another client id")
         self._roster[client_id], self._names[client_id], self._ids[name] = identity_public, name, client_id
+        self.withdrawn.discard(client_id)
+
+    def withdraw(self, client_id: int) -> None:
+        """Stop counting ``client_id`` (its certificate was revoked, or it is off the operator's
+        site list): its registration is refused and every decryption naming it is refused (the
+        sequence number burned), until it is enrolled again. Its id and name stay bound."""
+        self._roster.pop(client_id, None)
+        self._tag_keys.pop(client_id, None)
+        self._current_tag.pop(client_id, None)
+        self.withdrawn.add(client_id)
 
     def announcement(self) -> bytes:
         """The signed key announcement every client checks before registering."""
@@ -250,6 +262,8 @@ class PaillierKeyHolder:
         """What is wrong with the request's form (all known to the server), or ''."""
         if len(set(contributors)) != len(contributors):
             return "a contributor is listed twice"
+        if any(c in self.withdrawn for c in contributors):
+            return "a contributor's enrolment was withdrawn (revoked, or off the key holder's sites)"
         if any(c not in self._tag_keys for c in contributors):
             return "a contributor is not registered"
         if not spec.tagged:

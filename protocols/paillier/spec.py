@@ -2,7 +2,8 @@
 
 A :class:`RoundSpec` fixes how clients pack (words per client, slot width, largest word, most
 contributions) and, under key-holder custody, which roster the sum may draw on (the digest of the
-plan's site names, :func:`roster_digest`); its SHA-256 digest enters every tag, so a server that
+plan's site names, :func:`roster_digest`) and the digest of the noise context its clients'
+client-level shares are drawn for (review S6-1); its SHA-256 digest enters every tag, so a server that
 tells clients one layout or roster and the key holder another fails the tag check. A client
 submits only to a spec whose roster digest is its own plan's, and the key holder decrypts only a
 sum whose every contributor's enrolled name is in the roster named by the spec (review S5-1).
@@ -45,7 +46,9 @@ NO_ROSTER = bytes(ROSTER_BYTES)
 """The roster digest of a spec bound to no roster (threshold custody, whose parties check every
 contributor against their own roster instead); a key holder refuses to decrypt under it."""
 MAX_NAME_BYTES = 255
-_SPEC = struct.Struct(">QIBQI?32s")
+NO_CONTEXT = bytes(ROSTER_BYTES)
+"""The noise context of a spec whose sum carries no client-level noise the clients check."""
+_SPEC = struct.Struct(">QIBQI?32s32s")
 _ROSTER_DOMAIN = b"fedsec/paillier/roster/v1"
 
 
@@ -106,6 +109,9 @@ class RoundSpec:
         roster: 32-byte :func:`roster_digest` of the site names the sum may draw on (key-holder
             custody: a client submits only under its own plan's, the key holder decrypts only
             contributors enrolled under a name of it); :data:`NO_ROSTER` for none.
+        context: 32-byte digest of the sum's noise context (client-level DP in a deployment:
+            the plan, noise multiplier, threshold and colluders every client's share is drawn
+            for; a client submits only under its own, review S6-1); :data:`NO_CONTEXT` for none.
 
     Untagged (threshold custody) layouts give every slot one **guard bit** above its
     ``slot_bits``: slots are ``slot_bits + 1`` wide, an honest sum never sets the guard bit, and
@@ -121,10 +127,13 @@ class RoundSpec:
     max_contributions: int
     tagged: bool = True
     roster: bytes = NO_ROSTER
+    context: bytes = NO_CONTEXT
 
     def __post_init__(self) -> None:
         if not isinstance(self.roster, bytes) or len(self.roster) != ROSTER_BYTES:
             raise MalformedMessage(f"round spec: the roster digest must be {ROSTER_BYTES} bytes")
+        if not isinstance(self.context, bytes) or len(self.context) != ROSTER_BYTES:
+            raise MalformedMessage(f"round spec: the noise context must be {ROSTER_BYTES} bytes")
         if self.length < 1 or self.word_bound < 1 or self.max_contributions < 1:
             raise MalformedMessage("round spec: length, word bound and contributions must be >= 1")
         if self.slot_bits != slot_bits_for(self.word_bound, self.max_contributions):
@@ -154,19 +163,19 @@ class RoundSpec:
     def to_bytes(self) -> bytes:
         try:
             return _SPEC.pack(self.sequence, self.length, self.slot_bits, self.word_bound,
-                              self.max_contributions, self.tagged, self.roster)
+                              self.max_contributions, self.tagged, self.roster, self.context)
         except struct.error:
             raise MalformedMessage("round spec field out of range") from None
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RoundSpec:
-        if len(data) != _SPEC.size or data[_SPEC.size - ROSTER_BYTES - 1] not in (0, 1):
+        if len(data) != _SPEC.size or data[_SPEC.size - 2 * ROSTER_BYTES - 1] not in (0, 1):
             raise MalformedMessage("round spec has the wrong size or flag")
         return cls(*_SPEC.unpack(data))
 
     @property
     def digest(self) -> bytes:
-        return hashlib.sha256(b"fedsec/paillier/spec/v2" + self.to_bytes()).digest()
+        return hashlib.sha256(b"fedsec/paillier/spec/v3" + self.to_bytes()).digest()
 
 
 def tag_key(shared_secret: bytes, key_id: bytes, client_id: int) -> bytes:

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 
 from fedsec.audit.log import read_events
 from fedsec.config import make_config
-from fedsec.network.client_noise import noise_rule
+from fedsec.network.client_noise import noise_context, noise_rule
 from fedsec.network.keyholder import ANNOUNCE, DECRYPT, ENROL, REGISTER, KeyHolderService, encode_enrolment
 from fedsec.network.keyholder_state import KeyHolderState
 from fedsec.network.layers import SiteContext
@@ -183,10 +183,13 @@ def play(w: World, choose) -> str:
 def _play(w: World, choose, sequence: int) -> str:
     clients = choose("announced contributions", (3, 4))
     noise = w.rule.shares(T, 1, SecureRandom())
+    # the honest sites' own noise context (S6-1; what this search varies is the roster)
+    context = noise_context(w.plan, w.rule, threshold=T, colluders=1)
     encoder = encoder_for("update", clients=clients, length=LENGTH, max_weight=MAX_WEIGHT,
                           clip=w.plan.secure.clip, bits=w.plan.secure.bits, noise=noise)
     specs = {claim: layer.round_spec(sequence=sequence, length=LENGTH, clients=clients,
-                                     word_bound=encoder.word_bound, tagged=True, roster=roster_digest(names))
+                                     word_bound=encoder.word_bound, tagged=True, roster=roster_digest(names),
+                                     context=context)
              for claim, names in CLAIMS.items()}
     setup = {"layer": "paillier", "custody": "key_holder", "purpose": "update", "round": next(ROUNDS),
              "clients": clients, "max_weight": MAX_WEIGHT, "announcement": w.call(ANNOUNCE, b"").hex(),
@@ -214,7 +217,7 @@ def _play(w: World, choose, sequence: int) -> str:
         if claim is not None:
             words = np.zeros(specs[claim].length - 1, np.uint64)
             submissions[name] = (claim, w.colluders[name].submit(specs[claim].to_bytes(), words,
-                                                                 roster=CLAIMS[claim]))
+                                                                 roster=CLAIMS[claim], context=context))
     chosen = [n for n in sorted(submissions) if choose(f"{n} in the sum", (True, True, False))]
     claim = choose("the request's spec claims", tuple(CLAIMS))
     names = _names(CLAIMS[claim], choose("the request's names", tuple(NAMES.values())))
@@ -306,7 +309,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_lie_is_refused_for_its_reason_and_the_honest_sum_is_served(world, case):
     answers, expected = CASES[case]
-    play(world, _script(**answers))
+    # restarted (without --sites unless the case says) so an earlier test's --sites, which now
+    # withdraws the outsiders' stored enrolments (S6-2), does not decide the case
+    play(world, _script(**({"restart": True} | answers)))
     last = [e for e in read_events(world.service.state.audit_path)
             if e.action in ("decrypt.refused", "decrypt.served")][-1]
     if expected == "served":

@@ -24,10 +24,17 @@ bytes. What the deployment adds:
 - the corrupt fraction a site assumes is the larger of the plan's ``secure.corrupt`` and its
   policy's ``aggregation.min_corrupt`` (:func:`~fedsec.network.client_noise.site_corrupt`), for
   its threshold floor and quorum as for its noise share.
+- the noise context (review S6-1): the session id a site runs under is
+  :func:`bound_session` of the coordinator's nonce and the site's OWN
+  :func:`~fedsec.network.client_noise.noise_context` (its plan's digest, z, D2, S): sites handed
+  different z or plans are in different sessions, so their shares never meet in one sum (their
+  headers, signatures and masks disagree: the site aborts, typed). t and c need not enter it: the
+  session parameters (threshold, ring) are signed by every honest client.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +44,14 @@ from cryptography.hazmat.primitives import serialization
 
 from fedsec.dp import SecureRandom
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
-from fedsec.network.client_noise import ClientNoise, share_stream, site_colluders, site_corrupt
+from fedsec.network.client_noise import (
+    NO_CONTEXT,
+    ClientNoise,
+    noise_context,
+    share_stream,
+    site_colluders,
+    site_corrupt,
+)
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
     CoordinatorContext,
@@ -64,6 +78,14 @@ NO_NOISE = "client-level DP without a noise share this site checked"
 NARROW_WORDS = "the session's words leave no room for this site's noise share"
 NO_MARGIN = "the session's threshold leaves no honest noise share against the tolerated colluders"
 PURPOSES = ("update", "statistics")
+
+
+def bound_session(nonce: bytes, context: bytes) -> bytes:
+    """The masked session id of one aggregation: the coordinator's fresh ``nonce`` (16 bytes)
+    bound to the noise ``context`` digest of the party computing it
+    (:func:`~fedsec.network.client_noise.noise_context`, or ``NO_CONTEXT``): SHA-256, first 16 bytes.
+    Every header, signed key and derived mask of the session carries it (review S6-1)."""
+    return hashlib.sha256(b"fedsec/masking/session/v1" + nonce + context).digest()[:SESSION_BYTES]
 
 
 def identity_bytes(peer_key: Any) -> bytes:
@@ -122,7 +144,9 @@ class MaskingCoordinator(CoordinatorLayer):
                               bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
         graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
-        session = os.urandom(SESSION_BYTES)
+        nonce = os.urandom(SESSION_BYTES)
+        session = bound_session(nonce, noise_context(ctx.config, self.client_noise[0])
+                                if noise is not None else NO_CONTEXT)
         certificates = {str(c): ctx.certificates[ctx.names[c]].decode() for c in ids
                         if ctx.names[c] in ctx.certificates}
         directory = self._directory(ids) if s.active else None
@@ -140,7 +164,7 @@ class MaskingCoordinator(CoordinatorLayer):
                     self.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
                 if first:
                     setup = {"layer": self.name, "purpose": purpose, "round": round_index,
-                             "session": session.hex(), "certificates": certificates}
+                             "session": nonce.hex(), "certificates": certificates}
                     offsets = self._noise_offsets(list(outgoing), noise, length)
                     outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if self.reproducible
                                                               else {}), **offsets.get(c, {})}, m)
@@ -214,6 +238,15 @@ class MaskingSite(SiteLayer):
             raise ClientAbort(BAD_SETUP) from None
         if len(session_id) != SESSION_BYTES:
             raise ClientAbort(BAD_SETUP)
+        update = purpose == "update"
+        client_level = update and config.dp.mode == "client"
+        if client_level and context.client_noise is None:
+            raise ClientAbort(NO_NOISE)
+        # the session this site takes part in binds its OWN noise context (review S6-1): a peer or
+        # coordinator whose context differs is in another session (headers, signed keys and masks
+        # all carry it), so this site never completes a sum with shares drawn for another mu
+        session_id = bound_session(session_id, noise_context(config, context.client_noise)
+                                   if client_level else NO_CONTEXT)
         directory = self._directory(certificates) if s.active else None
         seed = setup.get("seed")
         if config.dp.reproducible:
@@ -222,7 +255,6 @@ class MaskingSite(SiteLayer):
             rng = np.random.default_rng(seed)
         else:
             rng = np.random.default_rng()
-        update = purpose == "update"
         min_ring, min_threshold = round_floor(context)
         policy = ClientPolicy(require_active=s.active, corrupt=site_corrupt(config, context.policy),
                               population=len(context.names),
@@ -231,9 +263,7 @@ class MaskingSite(SiteLayer):
         self.noise: tuple[ClientNoise, SecureRandom] | None = None
         self.shares: SkellamShares | None = None
         """Client-level DP: this site's noise share, once the session's threshold is known."""
-        if update and config.dp.mode == "client":
-            if context.client_noise is None:
-                raise ClientAbort(NO_NOISE)
+        if client_level:
             offset = setup.get("noise", 0) if config.dp.reproducible else None
             if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
                 raise ClientAbort(BAD_SETUP)

@@ -20,7 +20,9 @@ What a site checks itself (never taken from the coordinator): the announcer's ce
 (the study's root, role ``keyholder``, name ``federation.keyholder_name`` of its own copy of the
 plan) and so the announcer's identity key; the encoder's clip and bits (its plan, or the
 statistics clip); that the spec's word bound and length are the ones its own encoder gives for the
-announced number of contributions and weight bound; under key-holder custody that the spec's
+announced number of contributions and weight bound; under client-level DP that the spec's
+noise context is its own (:func:`~fedsec.network.client_noise.noise_context` of its plan, z, t
+and c: review S6-1); under key-holder custody that the spec's
 roster digest is its own plan's ``federation.sites`` (its tags bind it, and the key holder counts
 only contributors enrolled under a name of that roster: review S5-1); the sequence number only
 moves forward (:class:`PaillierClient`). Under ``dp.reproducible`` a site rounds with the seed it
@@ -45,7 +47,7 @@ import numpy as np
 from fedsec.dp import SecureRandom
 from fedsec.fl_core import clients_per_round
 from fedsec.fl_core.aggregation import AggregateResult, ClientUpdate, Purpose
-from fedsec.network.client_noise import ClientNoise, share_stream, site_colluders
+from fedsec.network.client_noise import ClientNoise, noise_context, share_stream, site_colluders
 from fedsec.network.errors import MalformedFrame, PeerRejected
 from fedsec.network.keyholder import raw_identity
 from fedsec.network.layers.base import (
@@ -64,7 +66,7 @@ from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked.policy import population_corrupt
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, default_threshold
 from fedsec.protocols.paillier.messages import KEY_HOLDER, Announcement, decode
-from fedsec.protocols.paillier.spec import NO_ROSTER, roster_digest
+from fedsec.protocols.paillier.spec import NO_CONTEXT, NO_ROSTER, roster_digest
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.protocols.wire import Reader, Writer
 from fedsec.secagg.errors import SecAggError
@@ -104,11 +106,13 @@ def plan_threshold(context_config: Any, population: int) -> int:
 
 
 def round_spec(*, sequence: int, length: int, clients: int, word_bound: int, tagged: bool,
-               roster: bytes = NO_ROSTER) -> RoundSpec:
+               roster: bytes = NO_ROSTER, context: bytes = NO_CONTEXT) -> RoundSpec:
     """The spec of one aggregation of ``clients`` vectors of ``length`` values (as the simulation),
-    bound to the roster digest ``roster`` (key-holder custody: the plan's :func:`roster_digest`)."""
+    bound to the roster digest ``roster`` (key-holder custody: the plan's :func:`roster_digest`)
+    and the noise context ``context`` (client-level DP: :func:`noise_context`, review S6-1)."""
     return RoundSpec(sequence=sequence, length=length + 3, slot_bits=slot_bits_for(word_bound, clients),
-                     word_bound=word_bound, max_contributions=clients, tagged=tagged, roster=roster)
+                     word_bound=word_bound, max_contributions=clients, tagged=tagged, roster=roster,
+                     context=context)
 
 
 def announcer_identity(context: SiteContext, certificate: Any) -> bytes:
@@ -154,6 +158,9 @@ class SiteEncoding:
         if not 1 <= weight <= max_weight:
             raise ClientAbort(BAD_SETUP)
         self.noise: SkellamShares | None = None
+        self.context = NO_CONTEXT
+        """The digest of this site's own noise context (:func:`noise_context`) once it adds a
+        share; a spec bound to another is refused (OTHER_CONTEXT)."""
         self.encoder = self._encoder(s.clip, s.bits, int(vector.size))
         if context.config.dp.reproducible:
             self.rng = np.random.default_rng(int_field(setup, "seed", 0, 2**63 - 1))
@@ -168,10 +175,11 @@ class SiteEncoding:
         except (ProtocolAbort, SecAggError, ValueError):
             raise ClientAbort(BAD_SETUP) from None
 
-    def add_noise(self, context: SiteContext, noise: SkellamShares) -> None:
-        """Client-level DP: add ``noise`` (this site's share) to the update's words; the encoder's
-        words widen by its room, as the coordinator's do."""
-        self.noise = noise
+    def add_noise(self, context: SiteContext, noise: SkellamShares, noise_digest: bytes) -> None:
+        """Client-level DP: add ``noise`` (this site's share, drawn for the context whose digest is
+        ``noise_digest``) to the update's words; the encoder's words widen by its room, as the
+        coordinator's do."""
+        self.noise, self.context = noise, noise_digest
         s = context.config.secure
         self.encoder = self._encoder(s.clip, s.bits, int(self.vector.size))
 
@@ -224,7 +232,7 @@ class PaillierCoordinator(CoordinatorLayer):
             self.last_dropped = {c: "aborted" for c in ids}
             raise ProtocolAbort(f"{len(ids)} valid clients; only sums of >= {self.threshold} are decrypted")
         length = int(updates[0].vector.size)
-        noise = None
+        noise, digest = None, NO_CONTEXT
         if purpose == "update" and self.client_noise is not None:
             rule, stream = self.client_noise
             try:
@@ -232,6 +240,7 @@ class PaillierCoordinator(CoordinatorLayer):
             except ProtocolAbort:
                 self.last_dropped = {c: "aborted" for c in ids}
                 raise
+            digest = noise_context(ctx.config, rule, threshold=self.threshold, colluders=self.colluders)
         encoder = encoder_for(purpose, clients=len(ids), length=length, max_weight=ctx.max_weight,
                               clip=s.clip, bits=s.bits, noise=noise)
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
@@ -248,7 +257,7 @@ class PaillierCoordinator(CoordinatorLayer):
         try:
             words, participants, upload, aborts, rejected = self.custody.run(
                 ids=ids, length=length, word_bound=encoder.word_bound, setup=setup,
-                seeds=seeds if ctx.config.dp.reproducible else {})
+                seeds=seeds if ctx.config.dp.reproducible else {}, context=digest)
         except ProtocolAbort:
             self.last_dropped = {c: "aborted" for c in ids}
             raise
@@ -272,8 +281,9 @@ class _Custody(ABC):
 
     @abstractmethod
     def run(self, *, ids: list[int], length: int, word_bound: int, setup: dict[str, Any],
-            seeds: dict[int, int]) -> tuple[np.ndarray, list[int], int, int, int]:
-        """Run one aggregation of ``ids`` in this custody."""
+            seeds: dict[int, int], context: bytes = NO_CONTEXT,
+            ) -> tuple[np.ndarray, list[int], int, int, int]:
+        """Run one aggregation of ``ids`` in this custody, its spec bound to the noise ``context``."""
 
 
 class KeyHolderCustody(_Custody):
@@ -352,7 +362,8 @@ class KeyHolderCustody(_Custody):
         return ready
 
     def run(self, *, ids: list[int], length: int, word_bound: int, setup: dict[str, Any],
-            seeds: dict[int, int]) -> tuple[np.ndarray, list[int], int, int, int]:
+            seeds: dict[int, int], context: bytes = NO_CONTEXT,
+            ) -> tuple[np.ndarray, list[int], int, int, int]:
         ctx = self.context
         client = self._keyholder()
         self.why = {}
@@ -364,7 +375,7 @@ class KeyHolderCustody(_Custody):
             raise ProtocolAbort(f"the key holder did not answer ({getattr(error, 'code', 'malformed')})") \
                 from None
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
-                          tagged=True, roster=roster_digest(ctx.names))
+                          tagged=True, roster=roster_digest(ctx.names), context=context)
         server = PaillierServer(self._public_key, spec, expected=ids, threshold=self.threshold,
                                 identities={c: raw_identity(ctx.peers[ctx.names[c]].identity_key) for c in ids
                                             if ctx.names[c] in ctx.peers},
@@ -469,7 +480,8 @@ class PaillierSite(SiteLayer):
                                                      share_stream(context.config, offset))
             except NoHonestMargin:
                 raise ClientAbort(NO_MARGIN) from None
-            self.encoding.add_noise(context, shares)
+            self.encoding.add_noise(context, shares, noise_context(
+                context.config, context.client_noise, threshold=threshold, colluders=colluders))
 
     def answer(self, stage: str, message: bytes) -> bytes | None:
         return self.impl.handle(stage, message)
@@ -516,5 +528,7 @@ class KeyHolderSite:
                 self.held.welcomed = True
             # the spec must bind this site's own plan's roster (PaillierClient refuses another):
             # the key holder then counts only sites of that roster towards its threshold
-            return self.held.client.submit(spec_bytes, self.encoding.words(spec), roster=self.roster)
+            # and the site's own noise context (review S6-1): every share of the sum drawn alike
+            return self.held.client.submit(spec_bytes, self.encoding.words(spec), roster=self.roster,
+                                           context=self.encoding.context)
         raise ClientAbort(BAD_SETUP)

@@ -51,6 +51,7 @@ from fedsec.network.layers.paillier_dealer import SHARE_FILE, dealer_identity, l
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec, ThresholdCoordinator
 from fedsec.protocols.paillier.messages import ANNOUNCE_DOMAIN, THRESHOLD, Announcement, decode
+from fedsec.protocols.paillier.spec import NO_CONTEXT
 from fedsec.protocols.paillier.trust import PartyDirectory, read_verification_keys
 from fedsec.secagg.errors import CryptoError
 from fedsec.secagg.keys import verify
@@ -135,7 +136,8 @@ class ThresholdCustody(_Custody):
         return public_key, directory, last
 
     def run(self, *, ids: list[int], length: int, word_bound: int, setup: dict[str, Any],
-            seeds: dict[int, int]) -> tuple[np.ndarray, list[int], int, int, int]:
+            seeds: dict[int, int], context: bytes = NO_CONTEXT,
+            ) -> tuple[np.ndarray, list[int], int, int, int]:
         ctx = self.context
         self.why = {}
         firsts = {c: {**setup, **({"seed": seeds[c]} if seeds else {})} for c in ids}
@@ -165,7 +167,7 @@ class ThresholdCustody(_Custody):
         key_id = self.public_key.key_id
         self._sequence = LAST_USED[key_id] = LAST_USED.get(key_id, 0) + 1
         spec = round_spec(sequence=self._sequence, length=length, clients=len(ids), word_bound=word_bound,
-                          tagged=False)
+                          tagged=False, context=context)
         roster = {c: raw_identity(ctx.peers[n].identity_key) for c, n in enumerate(ctx.names)
                   if n in ctx.peers}
         server = PaillierServer(self.public_key, spec, expected=ids, threshold=self.threshold,
@@ -247,7 +249,7 @@ class ThresholdSite:
                 spec = RoundSpec.from_bytes(message)
             except (MalformedMessage, ValueError):
                 raise ClientAbort(BAD_SETUP) from None
-            return self.client.submit(message, self.encoding.words(spec))
+            return self.client.submit(message, self.encoding.words(spec), context=self.encoding.context)
         if stage == ENDORSE:
             return self.client.endorse(message)
         if stage == DECRYPT:

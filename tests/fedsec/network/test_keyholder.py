@@ -241,3 +241,48 @@ def test_the_command_refuses_a_certificate_or_identity_that_is_not_the_key_holde
     pki.revoke(study.ca_dir, revoked.cert_pem)
     assert fedsec_main(base + ["--cert", str(revoked.cert), "--key", str(revoked.key)]) == 2
     assert "(revoked)" in capsys.readouterr().err
+
+
+def test_an_enrolment_that_no_longer_verifies_stops_counting_at_once_and_after_restarts(study, make_service,
+                                                                                       tmp_path):
+    """Review S6-2: a site revoked after it enrolled and registered no longer counts, without a
+    restart: its next decryption is refused (the number burned) and its registration refused, each
+    logged with the reason; a restarted key holder does not replay it; an enrolment stored without a
+    certificate (a state from before the fix) counts only once enrolled again."""
+    from fedsec.network import pki
+
+    late = enrol(study.ca_dir, tmp_path / "hosp-late", "hosp-late", "site")
+    study.parties["hosp-late"] = late
+    service = make_service()
+    coordinator = peer(study, "coordinator")
+    for i, name in enumerate(["hosp-a", "hosp-late", "hosp-b"]):
+        service.handle(coordinator, ENROL, encode_enrolment(i, study.parties[name].cert_pem))
+    a, b = site_client(study, service, 0, "hosp-a"), site_client(study, service, 2, "hosp-b")
+    gone = site_client(study, service, 1, "hosp-late")
+    roster = ("hosp-a", "hosp-b", "hosp-late")
+    server = aggregation(study, [a, gone], 1, roster=roster)
+    assert server.finish(service.handle(coordinator, DECRYPT, server.decryption_request())).size == 8
+    pki.revoke(study.ca_dir, late.cert_pem)
+    server = aggregation(study, [a, gone], 2, roster=roster)
+    assert service.handle(coordinator, DECRYPT, server.decryption_request()) == REFUSAL
+    assert service.holder.last_sequence == 2  # burned
+    with pytest.raises(MalformedMessage):
+        service.handle(coordinator, REGISTER, gone._registration)
+    events = read_events(service.state.audit_path)
+    withdrawn = [e.payload() for e in events if e.action == "enrol.withdrawn"]
+    assert withdrawn == [{"client_id": 1, "site": "hosp-late", "reason": "revoked"}]
+    assert "withdrawn" in [e for e in events if e.action == "decrypt.refused"][-1].payload()["reason"]
+    server = aggregation(study, [a, b], 3, roster=roster)  # the others still sum
+    assert server.finish(service.handle(coordinator, DECRYPT, server.decryption_request())).size == 8
+    service.state._db.execute("DELETE FROM certificates WHERE client_id = 0")  # an older state's row
+    service.close()
+    restarted = make_service()
+    start = [e.payload() for e in read_events(restarted.state.audit_path) if e.action == "enrol.withdrawn"]
+    assert [(w["client_id"], w["reason"]) for w in start[1:]] == [
+        (0, "no certificate stored for this enrolment"), (1, "revoked")]
+    server = aggregation(study, [a, b], 4, roster=roster)
+    assert restarted.handle(coordinator, DECRYPT, server.decryption_request()) == REFUSAL
+    restarted.handle(coordinator, ENROL, encode_enrolment(0, study.parties["hosp-a"].cert_pem))
+    a = site_client(study, restarted, 0, "hosp-a")  # enrolled again: it registers again and counts
+    server = aggregation(study, [a, b], 5, roster=roster)
+    assert server.finish(restarted.handle(coordinator, DECRYPT, server.decryption_request())).size == 8

@@ -84,6 +84,7 @@ def _oracle(policy: SitePolicy, f: PlanFacts) -> str | None:
     """The first violated rule, written independently from the rule list."""
     violated = {
         "aggregation.allowed": f.aggregation not in policy.aggregation_allowed,
+        "aggregation.peers": policy.peers is not None and bool(set(f.roster) - set(policy.peers) - {ME}),
         "aggregation.require_active": policy.require_active and not f.active,
         "aggregation.min_sites": f.sites_per_round < policy.min_sites,
         "aggregation.min_threshold": f.aggregation != "none" and f.threshold < policy.min_threshold,
@@ -99,6 +100,7 @@ def _oracle(policy: SitePolicy, f: PlanFacts) -> str | None:
     return next((rule for rule in RULES if violated.get(rule)), None)
 
 
+ME, NAMES = "hosp-a", ("hosp-a", "hosp-b", "hosp-c", "hosp-o1", "hosp-o2")
 subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True).map(tuple)  # noqa: E731
 
 
@@ -109,7 +111,8 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
                         max_epsilon_run=st.floats(0.5, 4), max_epsilon_lifetime=st.just(100.0),
                         models_allowed=subsets(MODELS), max_rounds=st.integers(1, 100),
                         max_delta=st.sampled_from([1e-6, 1e-5, 1e-3]),
-                        max_test_fraction=st.sampled_from([0.1, 0.3, 0.5])),
+                        max_test_fraction=st.sampled_from([0.1, 0.3, 0.5]),
+                        peers=st.none() | st.lists(st.sampled_from(NAMES), unique=True).map(tuple)),
        facts=st.builds(PlanFacts, aggregation=st.sampled_from(AGGREGATIONS), active=st.booleans(),
                        sites_per_round=st.integers(2, 10), threshold=st.integers(0, 8), dp=st.booleans(),
                        reproducible=st.booleans(),
@@ -117,16 +120,17 @@ subsets = lambda items: st.lists(st.sampled_from(items), min_size=1, unique=True
                        model=st.sampled_from(MODELS), rounds=st.integers(1, 200),
                        delta=st.sampled_from([1e-7, 1e-5, 1e-4, 0.5]),
                        test_fraction=st.sampled_from([0.05, 0.2, 0.5, 0.95]),
-                       corrupt=st.sampled_from([0.0, 0.1, 0.15, 0.3])))
+                       corrupt=st.sampled_from([0.0, 0.1, 0.15, 0.3]),
+                       roster=st.lists(st.sampled_from(NAMES), min_size=1, unique=True).map(tuple)))
 def test_a_searching_coordinator_gets_nothing_past_the_policy(policy, facts):
     """Any plan a coordinator can propose: admitted exactly when no rule is broken, and the rule named is
     the first broken one."""
     expected = _oracle(policy, facts)
     if expected is None:
-        check_plan(policy, facts)
+        check_plan(policy, facts, name=ME)
     else:
         with pytest.raises(PolicyRefused) as caught:
-            check_plan(policy, facts)
+            check_plan(policy, facts, name=ME)
         assert caught.value.rule == expected
 
 
@@ -224,3 +228,29 @@ def test_plan_facts_carry_delta_and_test_fraction():
     with pytest.raises(PolicyRefused) as caught:
         check_plan(SitePolicy(min_sites=2, min_threshold=2), facts)
     assert caught.value.rule == "dp.max_delta"
+
+
+def test_peers_parsed_validated_and_enforced(tmp_path):
+    """``aggregation.peers`` (review S6-2): the plan's roster must lie within the site's peers and
+    itself, whatever the coordinator writes; absent, any roster passes (the site warns at join)."""
+    path = tmp_path / "SITE.toml"
+    path.write_text('[aggregation]\npeers = ["hosp-b", "hosp-c"]\n')
+    policy = load_policy(path)
+    assert policy.peers == ("hosp-b", "hosp-c")
+    for text in ('[aggregation]\npeers = ["hosp-b", "hosp-b"]\n', '[aggregation]\npeers = [""]\n',
+                 '[aggregation]\npeers = "hosp-b"\n', '[aggregation]\npeers = [1]\n'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="^aggregation[.]peers:"):
+            load_policy(path)
+    facts = dataclasses.replace(GOOD, roster=("hosp-a", "hosp-b", "hosp-c"))
+    check_plan(policy, facts, name="hosp-a")
+    for roster in (("hosp-a", "hosp-o1", "hosp-o2"), ("hosp-a", "hosp-b", "hosp-o1")):
+        with pytest.raises(PolicyRefused) as caught:
+            check_plan(policy, dataclasses.replace(GOOD, roster=roster), name="hosp-a")
+        assert caught.value.rule == "aggregation.peers" and "hosp-o1" in str(caught.value)
+    with pytest.raises(PolicyRefused):  # without its own name, the site itself is not a listed peer
+        check_plan(policy, facts)
+    check_plan(SitePolicy(), dataclasses.replace(GOOD, roster=("hosp-a", "hosp-o1", "hosp-o2")))
+    plan = make_config({"data.clients": 3, "federation.sites": ["hosp-a", "hosp-b", "hosp-c"],
+                        "federation.server": "coordinator"})
+    assert plan_facts(plan).roster == ("hosp-a", "hosp-b", "hosp-c")
