@@ -96,15 +96,27 @@ def site_corrupt(config: ExperimentConfig, policy: Any = None) -> float:
     return max(float(config.secure.corrupt), float(floor))
 
 
+def site_population(*, roster: int, policy: Any = None) -> int:
+    """How many sites this site takes the corrupt fraction of: its plan's ``roster`` size or,
+    when its policy pins ``aggregation.peers``, the study it pinned (the peers and itself), if
+    larger. A coordinator that shows the site a SUBSET of the study (review S6-3 of session 6)
+    cannot lower c by it: the fraction is still taken of the whole study. If a policy lists the
+    site itself among its peers, the count is one too many, which only raises c."""
+    peers = getattr(policy, "peers", None) if policy is not None else None
+    return max(roster, len(set(peers)) + 1) if peers else roster
+
+
 def site_colluders(config: ExperimentConfig, *, roster: int, policy: Any = None,
                    ring: int | None = None) -> int:
-    """c for this site's noise share: floor(corrupt x ``roster``) with the fraction of
-    :func:`site_corrupt`; for a masked ``ring`` of that many members, capped at ring - 1
-    (:func:`~fedsec.protocols.masked.policy.corrupt_count`, the masking layer's count)."""
+    """c for this site's noise share: floor(corrupt x population) with the fraction of
+    :func:`site_corrupt` and the population of :func:`site_population`; for a masked ``ring`` of
+    that many members, capped at ring - 1 (:func:`~fedsec.protocols.masked.policy.corrupt_count`,
+    the masking layer's count)."""
     corrupt = site_corrupt(config, policy)
+    population = site_population(roster=roster, policy=policy)
     if ring is None:
-        return population_corrupt(roster, corrupt)
-    return corrupt_count(ring, corrupt, population=max(roster, ring))
+        return population_corrupt(population, corrupt)
+    return corrupt_count(ring, corrupt, population=max(population, ring))
 
 
 def noise_rule(config: ExperimentConfig, noise_multiplier: float, length: int) -> ClientNoise:

@@ -51,6 +51,7 @@ from fedsec.network.client_noise import (
     share_stream,
     site_colluders,
     site_corrupt,
+    site_population,
 )
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
@@ -257,7 +258,7 @@ class MaskingSite(SiteLayer):
             rng = np.random.default_rng()
         min_ring, min_threshold = round_floor(context)
         policy = ClientPolicy(require_active=s.active, corrupt=site_corrupt(config, context.policy),
-                              population=len(context.names),
+                              population=site_population(roster=len(context.names), policy=context.policy),
                               clip=s.clip if update else STATISTICS_CLIP, bits=s.bits if update else None,
                               min_ring=min_ring, min_threshold=min_threshold)
         self.noise: tuple[ClientNoise, SecureRandom] | None = None
