@@ -151,3 +151,13 @@ def test_a_subset_roster_lowers_the_colluders_the_honest_sites_assume(study, tmp
     finally:
         layer.SITE_CLIENTS.clear()
         service.close()
+
+
+def test_masking_takes_c_of_the_pinned_study_too():
+    """The same rule at a masking site: a ring of 3 out of a roster of 9 shown to a site that pinned
+    the study of 10 keeps the study's one colluder (0 with the coordinator's roster alone)."""
+    shown = _plan(SHOWN)
+    pinned = SitePolicy(peers=tuple(p for p in STUDY if p != "hosp-a"))
+    assert site_colluders(shown, roster=len(SHOWN), ring=3) == 0  # what the coordinator's roster gives
+    assert site_colluders(shown, roster=len(SHOWN), policy=pinned, ring=3) == 1
+    assert site_colluders(shown, roster=len(SHOWN), policy=SitePolicy(), ring=3) == 0  # no peers: the plan's
