@@ -73,7 +73,8 @@ class SitePolicy:
         require_active: masking must run in authenticated mode (default true).
         peers: the names of the sites this one agrees to be summed with (certificate names),
             or None (the default: the plan's roster, which the coordinator writes, decides; the
-            site warns at join). A plan whose ``federation.sites`` holds a name outside these and
+            site warns at join, and refuses any client-level plan, whose noise is sized for the
+            colluders among peers it must name). A plan whose ``federation.sites`` holds a name outside these and
             the site's own is refused (review S6-2: a coordinator that shows a site a roster of
             itself and certified colluders would otherwise sum it with them alone).
         dp_required: a plan without DP is refused (default true).
@@ -271,6 +272,10 @@ def check_plan(policy: SitePolicy, plan: ExperimentConfig | PlanFacts, *,
     if facts.aggregation not in policy.aggregation_allowed:
         raise PolicyRefused("aggregation.allowed", f"the plan uses {facts.aggregation!r}; this site accepts "
                                                    f"{', '.join(policy.aggregation_allowed)}")
+    if policy.peers is None and facts.unit == "client":
+        raise PolicyRefused("aggregation.peers", "client-level noise is sized for the colluders among this "
+                                                 "site's peers; list them (aggregation.peers), or the "
+                                                 "coordinator's plan would choose whom it is summed with")
     outside = sorted(set(facts.roster) - set(policy.peers or ()) - {name}) if policy.peers is not None else []
     if outside:
         raise PolicyRefused("aggregation.peers", f"the plan's roster lists {', '.join(outside)}, not among "

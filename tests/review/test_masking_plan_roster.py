@@ -9,8 +9,8 @@ update (with a third of the client-level noise, or none at example level). No ke
 in between: the site's own policy is the only defence, which is why ``aggregation.peers``
 exists and ``fedsec demo deploy`` writes it.
 
-Honest party, unmodified: the victim's join check (``Site._check``, with the warning a site
-without ``aggregation.peers`` prints), the policy file ``fedsec demo deploy`` writes for
+Honest party, unmodified: the victim's join check (``Site._check``: a client-level plan is
+refused without ``aggregation.peers``), the policy file ``fedsec demo deploy`` writes for
 it, through the real ``fedsec site check`` command (exit 3, the rule named) and ``check_plan``.
 """
 
@@ -49,7 +49,9 @@ def test_a_masked_victim_pinned_to_its_peers_refuses_a_roster_of_outsiders(tmp_p
     for text in (study, shown):
         config = loads_config(text)
         assert config.secure.aggregation == "masking"
-        check_plan(SitePolicy(), config, min_sites=3, name=victim)  # the default policy admits both
+        with pytest.raises(PolicyRefused) as refused:  # client-level: the defaults pin no peers
+            check_plan(SitePolicy(), config, min_sites=3, name=victim)
+        assert refused.value.rule == "aggregation.peers"
     check_plan(policy, loads_config(study), min_sites=3, name=victim)
     with pytest.raises(PolicyRefused) as refused:
         check_plan(policy, loads_config(shown), min_sites=3, name=victim)
@@ -61,11 +63,14 @@ def test_a_masked_victim_pinned_to_its_peers_refuses_a_roster_of_outsiders(tmp_p
                           identity=d.sites[0].identity, data=d.data[0], state=tmp_path / f"state-{warned}")
         site = Site(address="127.0.0.1:1", paths=paths, policy=policy, server_name="coordinator", out=out)
         with EpsilonLedger(tmp_path / f"state-{warned}", lifetime_cap=policy.max_epsilon_lifetime) as ledger:
-            site._check(study.encode(), "0" * 64, ledger)
-            assert ("warning: this site's policy sets no aggregation.peers" in out.getvalue()) == warned
-            if warned:
-                site._check(shown.encode(), "1" * 64, ledger)  # the default admits the outsiders' roster
+            if warned:  # the defaults: a client-level plan needs pinned peers, the study's plan too
+                for text in (study, shown):
+                    with pytest.raises(PolicyRefused) as refused:
+                        site._check(text.encode(), "1" * 64, ledger)
+                    assert refused.value.rule == "aggregation.peers"
             else:
+                site._check(study.encode(), "0" * 64, ledger)
+                assert "warning: this site's policy sets no aggregation.peers" not in out.getvalue()
                 with pytest.raises(PolicyRefused) as refused:
                     site._check(shown.encode(), "1" * 64, ledger)
                 assert refused.value.rule == "aggregation.peers"

@@ -154,7 +154,8 @@ def test_one_sum_mixes_shares_drawn_for_different_noise(study, keyholder, tmp_pa
     call = lambda topic, payload: service.handle(caller, topic, payload)  # noqa: E731
     plan_a = _plan(1.0)
     plan_others = plan_a if variant == "same plan" else _plan(3.0)
-    policy = SitePolicy()  # the defaults: min_corrupt 0.1 of 3 -> c = 0; max_epsilon_run 10
+    # the defaults but the peers (the roster): min_corrupt 0.1 of 3 -> c = 0; max_epsilon_run 10
+    policy = SitePolicy(peers=tuple(plan_a.federation.sites))
     for plan in (plan_a, plan_others):
         check_plan(policy, plan, min_sites=plan.federation.min_sites)  # each site admits its plan
     colluders = 0

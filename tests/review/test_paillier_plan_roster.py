@@ -80,11 +80,11 @@ def _plan(sites: tuple[str, ...]):
 
 
 BY_DESIGN = pytest.mark.xfail(
-    strict=True, reason="S6-2 by design: a site whose policy sets no aggregation.peers and a key holder "
-                        "run without --sites let the coordinator choose the site's peers (it warns at "
-                        "join); see docs/privacy.md section 4 and docs/deployment.md")
-CASES = [pytest.param("default", "no --sites", marks=BY_DESIGN),
-         *((policy, keyholder) for policy in ("default", "peers pinned")
+    strict=True, reason="S6-2 by design: a site whose own aggregation.peers lists the coordinator's "
+                        "outsiders, served by a key holder run without --sites, is summed with them: the "
+                        "site chose to trust them; see docs/privacy.md section 4 and docs/deployment.md")
+CASES = [("default", "no --sites"), pytest.param("outsiders pinned", "no --sites", marks=BY_DESIGN),
+         *((policy, keyholder) for policy in ("outsiders pinned", "peers pinned")
            for keyholder in ("restarted with --sites", "outsider revoked, restarted")),
          ("peers pinned", "no --sites")]
 
@@ -92,24 +92,33 @@ CASES = [pytest.param("default", "no --sites", marks=BY_DESIGN),
 @pytest.mark.parametrize(("policy_kind", "keyholder"), CASES)
 def test_a_roster_written_for_the_victim_lets_outsiders_complete_its_sum(study, tmp_path, policy_kind,  # noqa: F811
                                                                         keyholder):
-    """Fixed (S6-2): a site whose policy pins ``aggregation.peers`` (what ``fedsec demo deploy``
-    writes) refuses the shown plan at join (exit 3), whatever the key holder; a key holder
+    """Fixed (S6-2): a site refuses a client-level plan at join (exit 3) unless its policy pins
+    ``aggregation.peers`` (the defaults pin none); a site whose peers are the study (what
+    ``fedsec demo deploy`` writes) refuses the shown plan, whatever the key holder; a key holder
     restarted with ``--sites`` (or after the CA revoked an outsider) no longer counts the stored
-    outsiders' enrolments, so the sum is refused and the refusal logged. Only the default policy
-    with a key holder run without ``--sites`` stays attackable (xfail, by design)."""
+    outsiders' enrolments, so the sum is refused and the refusal logged, even for a site that
+    pinned the outsiders as its peers. Only a site that pinned them, with a key holder run
+    without ``--sites``, is summed with them (xfail, by design: it chose them)."""
     for name in ("hosp-y", "hosp-o1", "hosp-o2"):
         study.parties[name] = enrol(study.ca_dir, tmp_path / name, name, "site")
     trust = study.trust()
-    policy = SitePolicy() if policy_kind == "default" else SitePolicy(
-        peers=tuple(n for n in STUDY if n != "hosp-a"))
+    policy = {"default": SitePolicy(),
+              "peers pinned": SitePolicy(peers=tuple(n for n in STUDY if n != "hosp-a")),
+              "outsiders pinned": SitePolicy(peers=tuple(n for n in SHOWN if n != "hosp-a"))}[policy_kind]
     plan, shown = _plan(STUDY), _plan(SHOWN)
-    check_plan(policy, plan, min_sites=plan.federation.min_sites, name="hosp-a")
-    if policy_kind != "default":  # hosp-a's join check refuses the shown roster: it never takes part
+    if policy_kind == "default":  # client-level noise needs pinned peers: both plans refused at join
+        for text in (plan, shown):
+            with pytest.raises(PolicyRefused) as refused:
+                check_plan(policy, text, min_sites=text.federation.min_sites, name="hosp-a")
+            assert refused.value.rule == "aggregation.peers"
+        return
+    if policy_kind == "peers pinned":  # hosp-a's join check refuses the shown roster: it never takes part
+        check_plan(policy, plan, min_sites=plan.federation.min_sites, name="hosp-a")
         with pytest.raises(PolicyRefused) as refused:
             check_plan(policy, shown, min_sites=shown.federation.min_sites, name="hosp-a")
         assert refused.value.rule == "aggregation.peers"
         return
-    check_plan(policy, shown, min_sites=shown.federation.min_sites)  # hosp-a's join check admits it
+    check_plan(policy, shown, min_sites=shown.federation.min_sites, name="hosp-a")  # it pinned them
     assert dataclasses.replace(shown, federation=plan.federation, data=plan.data) == plan  # only the roster
 
     def start(sites):

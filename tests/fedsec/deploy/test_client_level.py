@@ -28,7 +28,9 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy-cdp") / "d"
     d = demo.prepare(root, SITES, rounds=2, extra=EXTRA, stage_timeout=30.0)
     policy = root / "site.toml"
-    policy.write_text("[dp]\nrequired = false\nmax_epsilon_run = 3.0\n")  # reproducible: not by default
+    peers = ", ".join(f'"hospital-{chr(ord("a") + k)}"' for k in range(SITES))  # the study (itself included)
+    policy.write_text(f"[aggregation]\npeers = [{peers}]\n"
+                      "[dp]\nrequired = false\nmax_epsilon_run = 3.0\n")  # reproducible: not by default
     with federation(d) as running:
         for k in range(SITES):
             running.join(k, policy=policy)

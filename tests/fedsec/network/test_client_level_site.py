@@ -129,7 +129,8 @@ def test_training_clips_to_the_plans_bound_weights_one_and_charges_the_site_per_
 def test_the_ledger_counts_client_level_epsilon_and_refuses_past_the_lifetime_cap_across_restarts(plan,
                                                                                                    tmp_path):
     _, config, _ = plan
-    policy = SitePolicy(max_epsilon_run=TARGET, max_epsilon_lifetime=2.5 * TARGET)
+    policy = SitePolicy(max_epsilon_run=TARGET, max_epsilon_lifetime=2.5 * TARGET,
+                        peers=tuple(config.federation.sites))
     state = tmp_path / "state"
     with EpsilonLedger(state, lifetime_cap=policy.max_epsilon_lifetime) as ledger:
         assert admit_plan(policy, config, ledger=ledger, run_id="run-1").unit == "client"
