@@ -36,9 +36,7 @@ project's :class:`PaillierServer` to ask for the decryption.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -61,17 +59,11 @@ from fedsec.network.pki import verify_peer
 from fedsec.network.policy import SitePolicy, check_plan
 from fedsec.network.site_work import SiteWork
 from tests.fedsec.network.conftest import study  # noqa: F401 - fixture
-from tests.fedsec.network.keyholder_helpers import identity_path, load_identity
+from tests.fedsec.network.keyholder_helpers import Caller, identity_path, load_identity
 
 ROSTER = ("hosp-a", "hosp-b", "hosp-x")
 IDS = {name: i for i, name in enumerate(ROSTER)}
 T, LENGTH, CLIP, ROUNDS = 3, 12, 0.5, 3
-
-
-@dataclass(frozen=True)
-class Caller:
-    name: str
-    identity_key: Any
 
 
 def _plan(target: float):

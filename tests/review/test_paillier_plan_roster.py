@@ -35,8 +35,6 @@ project's ``PaillierClient``; the coordinator the project's ``PaillierServer``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
@@ -45,7 +43,6 @@ from fedsec.protocols.paillier import DecryptionRefused, PaillierClient, Paillie
 from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.protocols.wire import Writer
 
-from fedsec.config import make_config
 from fedsec.network import pki
 from fedsec.network.client_noise import noise_context, noise_rule
 from fedsec.network.errors import PolicyRefused
@@ -56,7 +53,13 @@ from fedsec.network.layers import paillier as layer
 from fedsec.network.pki import verify_peer
 from fedsec.network.policy import SitePolicy, check_plan
 from tests.fedsec.network.conftest import enrol, study  # noqa: F401 - fixture
-from tests.fedsec.network.keyholder_helpers import cert_identity, identity_path, load_identity
+from tests.fedsec.network.keyholder_helpers import (
+    Caller,
+    cert_identity,
+    client_level_keyholder_plan,
+    identity_path,
+    load_identity,
+)
 
 STUDY = ("hosp-a", "hosp-b", "hosp-x", "hosp-y")
 SHOWN = ("hosp-a", "hosp-o1", "hosp-o2")
@@ -65,18 +68,8 @@ IDS = {"hosp-a": 0, "hosp-b": 1, "hosp-x": 2, "hosp-y": 3, "hosp-o1": 4, "hosp-o
 T, LENGTH, CLIP, Z = 3, 12, 0.5, 1.1
 
 
-@dataclass(frozen=True)
-class Caller:
-    name: str
-    identity_key: Any
-
-
 def _plan(sites: tuple[str, ...]):
-    return make_config({"data.clients": len(sites), "secure.aggregation": "paillier",
-                        "secure.custody": "key_holder", "secure.threshold": T, "rounds": 3,
-                        "federation.sites": list(sites), "federation.keyholder": "127.0.0.1:1",
-                        "federation.min_sites": 3, "dp.mode": "client", "dp.max_grad_norm": CLIP,
-                        "dp.reproducible": False})
+    return client_level_keyholder_plan(sites, threshold=T, clip=CLIP)
 
 
 BY_DESIGN = pytest.mark.xfail(

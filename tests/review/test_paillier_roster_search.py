@@ -56,7 +56,7 @@ from fedsec.network.layers import paillier as layer
 from fedsec.network.pki import verify_peer
 from fedsec.network.policy import SitePolicy
 from tests.fedsec.network.conftest import enrol, study  # noqa: F401 - fixture
-from tests.fedsec.network.keyholder_helpers import cert_identity, identity_path, load_identity
+from tests.fedsec.network.keyholder_helpers import Caller, cert_identity, identity_path, load_identity
 
 ROSTER = ("hosp-a", "hosp-b", "hosp-x", "hosp-y")
 HONEST = ("hosp-a", "hosp-b", "hosp-x")
@@ -73,14 +73,6 @@ SITES_FLAGS = (None, frozenset(ROSTER), frozenset(ROSTER + ("hosp-o1",)))
 T, LENGTH, MAX_WEIGHT, Z, CLIP = 3, 12, 4, 1.1, 0.5
 ROUNDS = itertools.count(1)
 """The round each setup names (a fresh one each time: a site puts a contribution in one round only)."""
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The verified peer the transport hands the key holder's handler."""
-
-    name: str
-    identity_key: Any
 
 
 @dataclass

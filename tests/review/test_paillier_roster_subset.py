@@ -29,16 +29,12 @@ Honest parties, unmodified: the sites' join check (``check_plan`` with the pinne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 from fedsec.protocols.errors import ClientAbort, MalformedMessage
 from fedsec.protocols.paillier import DecryptionRefused, PaillierClient, PaillierServer
 from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.protocols.wire import Writer
 
-from fedsec.config import make_config
 from fedsec.network.client_noise import noise_context, noise_rule, site_colluders
 from fedsec.network.errors import PolicyRefused
 from fedsec.network.keyholder import ANNOUNCE, DECRYPT, ENROL, REGISTER, KeyHolderService, encode_enrolment
@@ -48,7 +44,13 @@ from fedsec.network.layers import paillier as layer
 from fedsec.network.pki import verify_peer
 from fedsec.network.policy import SitePolicy, check_plan
 from tests.fedsec.network.conftest import enrol, study  # noqa: F401 - fixture
-from tests.fedsec.network.keyholder_helpers import cert_identity, identity_path, load_identity
+from tests.fedsec.network.keyholder_helpers import (
+    Caller,
+    cert_identity,
+    client_level_keyholder_plan,
+    identity_path,
+    load_identity,
+)
 
 ADDED = tuple(f"hosp-s{k}" for k in range(1, 8))
 STUDY = ("hosp-a", "hosp-b", "hosp-x", *ADDED)
@@ -59,18 +61,8 @@ IDS = {name: k for k, name in enumerate(STUDY)}
 T, LENGTH, CLIP, Z = 3, 12, 0.5, 1.1
 
 
-@dataclass(frozen=True)
-class Caller:
-    name: str
-    identity_key: Any
-
-
 def _plan(sites: tuple[str, ...]):
-    return make_config({"data.clients": len(sites), "secure.aggregation": "paillier",
-                        "secure.custody": "key_holder", "secure.threshold": T,
-                        "rounds": 3, "federation.sites": list(sites), "federation.keyholder": "127.0.0.1:1",
-                        "federation.min_sites": 3, "dp.mode": "client", "dp.max_grad_norm": CLIP,
-                        "dp.reproducible": False})
+    return client_level_keyholder_plan(sites, threshold=T, clip=CLIP)
 
 
 def test_a_subset_roster_lowers_the_colluders_the_honest_sites_assume(study, tmp_path):  # noqa: F811

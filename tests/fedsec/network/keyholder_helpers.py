@@ -14,12 +14,30 @@ from fedsec.protocols.paillier import PaillierClient, PaillierServer, RoundSpec
 from fedsec.protocols.paillier.spec import roster_digest
 from fedsec.secagg.paillier import PaillierPublicKey, slot_bits_for
 
+from fedsec.config import make_config
 from fedsec.network.keyholder import load_identity
 from fedsec.network.keyholder_client import KeyHolderClient
 from fedsec.network.pki import IDENTITY_OID
 
 ROOT = Path(__file__).resolve().parents[3]
 START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What the transport hands the key holder's handler: the verified certificate of the peer."""
+
+    name: str
+    identity_key: object
+
+
+def client_level_keyholder_plan(sites: tuple[str, ...], *, threshold: int, clip: float):
+    """A client-level plan under Paillier key-holder custody over roster ``sites`` (3 rounds)."""
+    return make_config({"data.clients": len(sites), "secure.aggregation": "paillier",
+                        "secure.custody": "key_holder", "secure.threshold": threshold, "rounds": 3,
+                        "federation.sites": list(sites), "federation.keyholder": "127.0.0.1:1",
+                        "federation.min_sites": 3, "dp.mode": "client", "dp.max_grad_norm": clip,
+                        "dp.reproducible": False})
 
 
 def identity_path(party) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,15 +33,7 @@ from fedsec.network.keyholder import (
 from fedsec.network.keyholder_state import KeyHolderState
 from fedsec.network.pki import verify_peer
 from tests.fedsec.network.conftest import enrol
-from tests.fedsec.network.keyholder_helpers import cert_identity, identity_path
-
-
-@dataclass
-class Caller:
-    """What the transport hands the handler: the verified certificate of the calling peer."""
-
-    name: str
-    identity_key: object
+from tests.fedsec.network.keyholder_helpers import Caller, cert_identity, identity_path
 
 
 @pytest.fixture(scope="module")
