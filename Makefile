@@ -24,8 +24,10 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/fedsec run --out runs/demo --force
 
+# Two pytest workers (pytest-xdist), one test file each at a time: the suite's single-process tests
+# use one core, so the second core of a 2-core machine runs the other half.
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build
