@@ -1,6 +1,6 @@
 """A deployed federation against the in-memory simulation of the same plan, in one run.
 
-    python -m benchmarks.deploy [--sites N] [--params M] [--rounds R] [--rows ROWS]
+    python -m benchmarks.deploy [--sites N] [--params M] [--rounds R] [--rows ROWS] [--timeline DIR]
 
 The plan: N sites, each with its own CSV file of ROWS synthetic records, a model of about M
 parameters (``logreg`` with M - 1 features below 50k parameters, else the ``mlp``, 200 M / 200
@@ -25,8 +25,14 @@ counts the calls the coordinator served a round. With ``cores`` cores, no schedu
 round in less than its total CPU seconds over ``cores``: ``cpu_floor_over_simulated`` is that floor
 over the simulated round's seconds (the ratio the deployment could reach on this machine if every
 CPU second ran in parallel). The load
-average before and after is reported: other jobs share the cores. The last line of output is one
-JSON object.
+average before and after is reported: other jobs share the cores.
+
+With ``--timeline DIR`` every party runs under :mod:`benchmarks.timeline_process` (the
+coordinator's exchanges and the answers' arrival times, each site's jobs with their main-thread
+CPU) and ``timeline`` reports, for each exchange of a round in order, its wall time, the arrival
+of the first and last answers, the delivery and wake-up of the last site (``pickup``), the
+slowest site's work, the sites' summed CPU and the coordinator's own time before it
+(:func:`timeline`). The last line of output is one JSON object.
 """
 
 from __future__ import annotations
