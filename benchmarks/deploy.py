@@ -1,6 +1,6 @@
 """A deployed federation against the in-memory simulation of the same plan, in one run.
 
-    python -m benchmarks.deploy [--sites N] [--params M] [--rounds R] [--rows ROWS]
+    python -m benchmarks.deploy [--sites N] [--params M] [--rounds R] [--rows ROWS] [--timeline DIR]
 
 The plan: N sites, each with its own CSV file of ROWS synthetic records, a model of about M
 parameters (``logreg`` with M - 1 features below 50k parameters, else the ``mlp``, 200 M / 200
@@ -25,8 +25,14 @@ counts the calls the coordinator served a round. With ``cores`` cores, no schedu
 round in less than its total CPU seconds over ``cores``: ``cpu_floor_over_simulated`` is that floor
 over the simulated round's seconds (the ratio the deployment could reach on this machine if every
 CPU second ran in parallel). The load
-average before and after is reported: other jobs share the cores. The last line of output is one
-JSON object.
+average before and after is reported: other jobs share the cores.
+
+With ``--timeline DIR`` every party runs under :mod:`benchmarks.timeline_process` (the
+coordinator's exchanges and the answers' arrival times, each site's jobs with their main-thread
+CPU) and ``timeline`` reports, for each exchange of a round in order, its wall time, the arrival
+of the first and last answers, the delivery and wake-up of the last site (``pickup``), the
+slowest site's work, the sites' summed CPU and the coordinator's own time before it
+(:func:`timeline`). The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -204,6 +210,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write a cProfile (CPU time) of each site's main thread to DIR/site-K.prof")
+    parser.add_argument("--timeline", type=Path, default=None,
+                        help="record every exchange and job (benchmarks.timeline_process) in DIR and "
+                             "report where a round's wall time goes, stage by stage")
     args = parser.parse_args()
 
     from fedsec.config import load_config
@@ -229,8 +238,10 @@ def main() -> None:
         sampler.stop()
         sim_cpu = sampler.per_round("simulation", round_ends(root / "sim" / "audit.db"))
         log("simulation done; starting the deployment")
-        coordinator, port = demo.start_coordinator(d, log=root / "coordinator.log")
-        sites = [subprocess.Popen(_profiled(demo.join_command(d, k, port, policy=policy), args.profile, k),
+        coordinator, port = _start_coordinator(d, root / "coordinator.log", args.timeline)
+        commands = [_timed(_profiled(demo.join_command(d, k, port, policy=policy), args.profile, k),
+                           args.timeline, f"site-{k}") for k in range(args.sites)]
+        sites = [subprocess.Popen(commands[k],
                                   stdout=subprocess.DEVNULL, stderr=open(root / f"site-{k}.log", "w"))
                  for k in range(args.sites)]
         sampler = CpuSampler()
@@ -285,6 +296,7 @@ def main() -> None:
             "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
             "simulated_accuracy": simulated["final_accuracy"],
             "deployed_accuracy": deployed["final_accuracy"],
+            **({"timeline": timeline(args.timeline, ends)} if args.timeline is not None else {}),
             "goal": "deployed_over_simulated <= 1.5 and wire_over_protocol <= 1.1 at 10 sites x 100k",
         }
         emit(result)
@@ -302,6 +314,83 @@ def _profiled(command: list[str], folder: Path | None, k: int) -> list[str]:
     assert (flag, module) == ("-m", "fedsec"), command
     out = str(folder.absolute() / f"site-{k}.prof")
     return [python, "-m", "benchmarks.profile_process", out, "fedsec", *rest]
+
+
+def _timed(command: list[str], folder: Path | None, name: str) -> list[str]:
+    """``command`` (``python -m fedsec ...``) run under :mod:`benchmarks.timeline_process`, writing
+    ``folder/NAME.jsonl``."""
+    if folder is None:
+        return command
+    folder.mkdir(parents=True, exist_ok=True)
+    python, flag, module, *rest = command
+    if (flag, module) != ("-m", "fedsec"):
+        raise SystemExit("--timeline and --profile do not combine")
+    return [python, "-m", "benchmarks.timeline_process", str(folder.absolute() / f"{name}.jsonl"), "fedsec",
+            *rest]
+
+
+def _start_coordinator(d, log: Path, folder: Path | None) -> tuple[subprocess.Popen, int]:
+    """:func:`fedsec.network.demo.start_coordinator`, under the timeline recorder with ``folder``."""
+    from fedsec.network import demo
+
+    if folder is None:
+        return demo.start_coordinator(d, log=log)
+    process = subprocess.Popen(_timed(demo.serve_command(d), folder, "coordinator"), stdout=subprocess.PIPE,
+                               stderr=open(log, "w"), text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    end = time.monotonic() + 60.0
+    while time.monotonic() < end:
+        line = process.stdout.readline()
+        if line.startswith("listening "):
+            return process, int(line.split()[1])
+        if not line and process.poll() is not None:
+            break
+    process.kill()
+    raise RuntimeError(f"the coordinator did not start; see {log}")
+
+
+def timeline(folder: Path, ends: list[float]) -> dict[str, object]:
+    """Where a round's wall time went, stage by stage (rounds 2 on; means over rounds, ms).
+
+    For each exchange of the coordinator, in the order of a round: ``wall`` (posted to returned),
+    ``to_first``/``to_last`` (posted to the first/last answer's arrival), ``site_work`` (the
+    slowest site's time in its job runner) and ``site_cpu`` (the sites' main-thread CPU in it,
+    summed), ``pickup`` (posted to the last site starting it: delivery and wake-up), and
+    ``before`` (the coordinator's own time from the previous exchange's return to this posting).
+    """
+    coordinator = [json.loads(line) for line in open(folder / "coordinator.jsonl")]
+    sites = [json.loads(line) for path in sorted(folder.glob("site-*.jsonl")) for line in open(path)]
+    start = ends[0] if ends else 0.0
+    rounds: dict[int, list[dict]] = {}
+    previous = None
+    for record in coordinator:
+        record["before"] = record["posted"] - previous if previous is not None else float("nan")
+        previous = record["returned"]
+        if record["posted"] > start and isinstance(record["round"], int) and record["round"] >= 2:
+            rounds.setdefault(record["round"], []).append(record)
+    stages: list[dict[str, object]] = []
+    for position in range(min((len(v) for v in rounds.values()), default=0)):
+        rows = [v[position] for v in rounds.values()]
+        mine = [[s for s in sites if r["posted"] <= s["start"] <= r["returned"]] for r in rows]
+
+        def ms(values: list[float]) -> float:
+            return round(1000 * statistics.mean(values), 1) if values else float("nan")
+
+        stages.append({
+            "what": rows[0]["what"],
+            "wall": ms([r["returned"] - r["posted"] for r in rows]),
+            "to_first": ms([r["answers"][0] - r["posted"] for r in rows if r["answers"]]),
+            "to_last": ms([r["answers"][-1] - r["posted"] for r in rows if r["answers"]]),
+            "pickup": ms([max(s["start"] for s in m) - r["posted"] for r, m in zip(rows, mine) if m]),
+            "site_work": ms([max(s["end"] - s["start"] for s in m) for m in mine if m]),
+            "site_cpu": ms([sum(s["thread_cpu"] for s in m) for m in mine if m]),
+            "before": ms([r["before"] for r in rows]),
+        })
+    spans = [b - a for a, b in zip(ends, ends[1:])]
+    return {"stages": stages, "exchanges_per_round": len(stages),
+            "round_ms": round(1000 * statistics.mean(spans), 1) if spans else float("nan"),
+            "in_exchanges_ms": round(sum(float(s["wall"]) for s in stages), 1),
+            "coordinator_between_ms": round(sum(float(s["before"]) for s in stages), 1)}
 
 
 def _parameters(model: str, features: int) -> int:

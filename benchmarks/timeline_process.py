@@ -1,0 +1,107 @@
+"""Run ``python -m fedsec ARGS`` recording when each exchange and each job happened (wall clock).
+
+    python -m benchmarks.timeline_process OUT.jsonl fedsec [ARGS...]
+
+In the coordinator (``fedsec serve``) every :meth:`~fedsec.network.coordinator.Hub.exchange` is
+recorded as ``{"party": "coordinator", "what": LABEL, "round", "posted", "returned", "jobs",
+"answers": [times the answers arrived]}``; in a site (``fedsec join``) every job it works,
+``{"party": "site", "what": LABEL, "round", "start", "end", "thread_cpu"}`` (``thread_cpu``: CPU
+seconds of the main thread while working it). ``LABEL`` is the job's kind, ``layer:STAGE`` for a
+stage of the secure layer, prefixed ``FIRST+`` when a ``train`` or ``evaluate`` job travels with
+it. Times are ``time.time()`` (one clock for every process of the machine). The records are
+written to OUT.jsonl when the process exits; the exit code is the module's. Nothing of the parties'
+behaviour changes: the wrappers only read the clock around the original methods.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import runpy
+import sys
+import threading
+import time
+from typing import Any
+
+
+def _label(kind: Any, header: dict[str, Any]) -> str:
+    label = str(kind)
+    if kind == "layer":
+        label = f"layer:{header.get('stage')}"
+    first = header.get("first")
+    if isinstance(first, dict):
+        label = f"{first.get('kind')}+{label}"
+    return label
+
+
+def install(records: list[dict[str, Any]]) -> None:
+    """Wrap the coordinator's exchange and answer, and the site's job runner."""
+    from fedsec.network import coordinator, site
+    from fedsec.network.mailbox import Mailboxes
+
+    lock = threading.Lock()
+    arrivals: dict[int, float] = {}
+    answer, exchange, run = Mailboxes.answer, coordinator.Hub.exchange, site.SiteJobs.run
+
+    def timed_answer(self: Mailboxes, name: str, job: int, payload: bytes) -> bool:
+        ok = answer(self, name, job, payload)
+        with lock:
+            arrivals[job] = time.time()
+        return ok
+
+    def timed_exchange(self: coordinator.Hub, kind: str, round_index: int | None, jobs: Any, deadline: float,
+                       *, first: Any = None) -> Any:
+        headers = [h for h, _ in jobs.values()]
+        label = _label(kind, headers[0] if headers else {})
+        if first is not None:
+            label = f"{first.kind}+{label}"
+        start_id = self.mailboxes.next_id()
+        posted = time.time()
+        try:
+            return exchange(self, kind, round_index, jobs, deadline, first=first)
+        finally:
+            returned = time.time()
+            with lock:
+                times = sorted(t for job, t in arrivals.items() if job > start_id)
+                arrivals.clear()
+            records.append({"party": "coordinator", "what": label, "round": round_index, "posted": posted,
+                            "returned": returned, "jobs": len(jobs), "answers": times})
+
+    def timed_run(self: site.SiteJobs, job: int, header: dict[str, Any], body: bytes,
+                  round_index: int | None) -> Any:
+        start, cpu = time.time(), time.thread_time()
+        try:
+            return run(self, job, header, body, round_index)
+        finally:
+            records.append({"party": "site", "what": _label(header.get("kind"), header), "round": round_index,
+                            "start": start, "end": time.time(), "thread_cpu": time.thread_time() - cpu})
+
+    Mailboxes.answer = timed_answer  # type: ignore[method-assign]
+    coordinator.Hub.exchange = timed_exchange  # type: ignore[method-assign]
+    site.SiteJobs.run = timed_run  # type: ignore[method-assign]
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    out, module, *rest = sys.argv[1:]
+    records: list[dict[str, Any]] = []
+    install(records)
+
+    def write() -> None:
+        with open(out, "w") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+
+    atexit.register(write)
+    sys.argv = [module, *rest]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as leaving:
+        return leaving.code if isinstance(leaving.code, int) else (0 if leaving.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
