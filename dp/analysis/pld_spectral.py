@@ -1,0 +1,220 @@
+"""dp-accounting's hockey-stick scan of a T-fold composed PLD, read from the few Fourier
+coefficients that carry it.
+
+The running engine (:mod:`dp.analysis.pld_running`) composes T identical steps as
+``irfft(F ** T)`` on N points (F the real DFT of the one-step PMF) and scans the window of the
+result from the top. Away from k = 0, |F_k| < 1, so |F_k|^T falls below any tau for all but a few
+dozen k once T is in the thousands (the composed PMF is a smooth bump a few standard deviations
+wide inside its window): at round 1,000 of the README default (T = 7,000) 13-38 of the 770 to
+70,000 coefficients of each grid are above ``TAU``.
+
+:class:`SparseSpectrum` keeps the coefficients with |F_k|^T > ``TAU`` and evaluates, for the
+window rolled to start at index 0 (p_i = irfft(F^T)[(lower + i) mod N], 0 <= i < b, losses
+l_i = l_0 + i d), the two sums the scan accumulates above an index j, in closed form as geometric
+series in the kept frequencies: with a_k = c_k (F_k^T) w^(k lower) / N, w = exp(2 pi i / N),
+c_k = 1 at k = 0 and N / 2 and 2 otherwise, p_i = Re sum_k a_k w^(k i), and a = j + 1,
+
+- d1(j) = infinity mass + sum_{i=a}^{b-1} p_i, from sum_{i=a}^{b-1} w^(k i) = (w^(a k) - w^(b k)) /
+  (1 - w^k) (b - a at k = 0);
+- E2(j) = sum_{i=a}^{b-1} p_i exp(l_j - l_i), from rho^(-j) sum_{i=a}^{b-1} (rho w^k)^i =
+  rho (w^(a k) - rho^(b - a) w^(b k)) / (1 - rho w^k), rho = exp(-d).
+
+dp-accounting's ``_get_epsilon_for_delta`` runs from the top index down and stops at the first
+j with mass_upper > delta, mass_lower > 0 and log((mass_upper - delta) / mass_lower) >= l_j, where
+mass_upper = d1(j) and mass_lower = exp(-l_j) E2(j): that is E2(j) > 0 and d1(j) - E2(j) >= delta.
+d1(j) - E2(j) = infinity mass + sum_{i > j} p_i (1 - exp(l_j - l_i)) is the hockey-stick
+divergence at l_j, non-increasing in j for the non-negative composed PMF, so the first stop from
+the top is the one j where the predicate holds at j and fails at j + 1; it is found by an interval
+search (32 probes a step, started from the last call's index when there was one) and checked
+at both ends. The scan then returns log((d1(j) - delta) / (exp(-l_j) E2(j))) = l_j +
+log((d1(j) - delta) / E2(j)).
+
+What differs from the dense scan: each dropped coefficient moves every p_i by at most 2 TAU / N,
+so d1 and E2 (weights in [0, 1], at most N terms) by at most 2 TAU per dropped coefficient, N TAU
+in all (1.4e-25 at N = 139,968); the closed forms round to about 1e-16 times the sum over the kept
+k of |a_k| / |1 - w^k| (and |1 - rho w^k|), bounded here (``_ROUNDING``) and added to the result
+in epsilon (first order: the bound over d1 - delta plus the bound over E2; typically 1e-10);
+where that bound exceeds ``MAX_ERROR`` the caller takes the dense scan. The dense scan itself
+reads irfft's values, whose rounding (about 1e-17 N absolute) is what the sparse sums avoid;
+both agree with dp-accounting from scratch to the tolerance docs/privacy.md states
+(tests/dp/test_pld_spectral.py).
+
+The caller takes the dense scan where this one does not answer (:meth:`SparseSpectrum.epsilon`
+returns None): more than ``MAX_KEPT`` coefficients kept (short runs), k = 0 dropped, a window
+loss beyond +-``MAX_LOSS`` nats (where the dense scan's exp(-loss) terms underflow or overflow
+and its degenerate branch can fire), no stop inside the window (epsilon below the window's
+lowest loss, or 0), or a rounding bound above ``MAX_ERROR``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+TAU = 1e-30
+"""Coefficients with |F_k|^T <= TAU (F_0 = 1 - the one-step infinity mass) are dropped."""
+MAX_KEPT = 600
+"""More kept coefficients than this: the dense scan (a short run, where it is cheap anyway)."""
+MAX_LOSS = 600.0
+"""A window reaching past +-MAX_LOSS nats goes to the dense scan (module docstring)."""
+MAX_ERROR = 1e-8
+"""Largest rounding bound in epsilon the sparse result may carry (added to it)."""
+PROBES = 32
+"""Indices evaluated per step of the interval search."""
+NEAR = 8
+"""A predicted stop is checked first on the 2 NEAR + 1 indices around it."""
+_ROUNDING = 8 * np.finfo(np.float64).eps
+"""Relative rounding of one closed-form term (a few operations of 1 ulp each, with margin)."""
+_OFFSETS = np.concatenate(([0], 2 ** np.arange(18), -(2 ** np.arange(18))))
+"""Offsets from the predicted index probed first: 0, +-1, +-2, +-4, ..., +-2^17."""
+
+
+class SparseSpectrum:
+    """The kept coefficients of one grid's one-step spectrum, for step counts T >= ``low_steps``.
+
+    Args:
+        spectrum: ``rfft`` of the one-step PMF on ``size`` points (size // 2 + 1 values).
+        size: N, the number of grid points.
+        discretisation: d, the loss grid's spacing (nats).
+        low_steps: the smallest T this object is asked about, >= 1; every k dropped for it is
+            dropped for every larger T (|F_k| <= 1).
+    """
+
+    def __init__(self, *, spectrum: np.ndarray, size: int, discretisation: float, low_steps: int) -> None:
+        if size < 2 or spectrum.size != size // 2 + 1:
+            raise ValueError("the spectrum must be rfft of the grid's points")
+        if low_steps < 1:
+            raise ValueError(f"low_steps must be >= 1, got {low_steps}")
+        with np.errstate(divide="ignore"):
+            log_abs = np.log(np.abs(spectrum))
+        k = np.flatnonzero(low_steps * log_abs > math.log(TAU))
+        self.size, self.discretisation, self.low_steps = size, float(discretisation), low_steps
+        self.all_k = k
+        self.all_log = np.log(spectrum[k].astype(np.complex128))  # log F_k (principal branch)
+        self._at: tuple[int, tuple] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.all_k.nbytes + self.all_log.nbytes
+
+    def kept(self, steps: int) -> np.ndarray:
+        """The indices k with |F_k|^steps > TAU."""
+        return self.all_k[steps * self.all_log.real > math.log(TAU)]
+
+    def _frequencies(self, steps: int) -> tuple | None:
+        """Per-frequency constants of the kept set at ``steps``: (k > 0, log F_0, log F_k, c_k / N
+        over 1 - w^k, c_k rho / N over 1 - rho w^k), or None when the sparse scan does not apply.
+        The kept sets of growing T are nested, so one of the same size is the same set."""
+        if steps < self.low_steps:
+            raise ValueError(f"spectrum kept for >= {self.low_steps} steps, asked {steps}")
+        keep = np.flatnonzero(steps * self.all_log.real > math.log(TAU))
+        if self._at is not None and self._at[0] == keep.size:
+            return self._at[1]
+        k, log_f = self.all_k[keep], self.all_log[keep]
+        if k.size > MAX_KEPT or k.size == 0 or k[0] != 0:
+            constants = None
+        else:
+            n, d = self.size, self.discretisation
+            theta = 2 * np.pi * k[1:] / n
+            weights = np.where(2 * k[1:] == n, 1.0, 2.0) / n  # the Nyquist term once (N even)
+            over1 = weights / -np.expm1(1j * theta)
+            over2 = weights * math.exp(-d) / -np.expm1(-d + 1j * theta)
+            rows = np.arange(2 * NEAR + 1)[:, None]
+            table = np.exp((2j * np.pi / n) * ((rows * k[1:]) % n))  # w^(m k), m = 0 .. 2 NEAR
+            constants = (k[1:], float(log_f[0].real), log_f[1:], np.stack((over1, over2), axis=1),
+                         2 * k[1:] == n, table)
+        self._at = (keep.size, constants)
+        return constants
+
+    def epsilon(self, *, steps: int, lower: int, length: int, first_loss: int, infinity_mass: float,
+                delta: float, hint: int | None = None, near: bool = False) -> tuple[float, int] | None:
+        """(epsilon, stopping index j) of dp-accounting's scan of the window of ``length`` indices
+        starting at circular index ``lower`` of irfft(F^steps), whose loss grid starts at
+        ``first_loss`` * d, with ``infinity_mass`` (< delta); None where the dense scan must answer
+        (module docstring). ``hint``: an index near the expected stop, which changes only how
+        fast it is found (``near``: within a few indices, e.g. extrapolated from the last calls)."""
+        constants = self._frequencies(steps)
+        top = length - 1  # the scan's predicate fails at the top index (nothing above it)
+        d = self.discretisation
+        if constants is None or top < 1 or max(abs(first_loss), abs(first_loss + top)) * d > MAX_LOSS:
+            return None
+        k, log_f0, log_f, over, nyquist, table = constants
+        n, b = self.size, length
+        a0 = math.exp(steps * log_f0) / n  # F_0 is real: the one-step mass
+        angle = (2j * np.pi / n) * ((lower * k) % n)
+        coefficient = np.exp(steps * log_f + angle)  # F_k^T w^(k lower)
+        if nyquist.any():  # irfft reads the real part of F_{N/2}^T only
+            coefficient[nyquist] = np.exp(steps * log_f[nyquist]).real * np.exp(angle[nyquist])
+        scaled = coefficient[:, None] * over  # (K, 2): a_k / (1 - w^k), a_k rho / (1 - rho w^k)
+        scaled_sum = scaled.sum(axis=0)
+        wb = np.exp((2j * np.pi / n) * ((b * k) % n)) @ scaled - scaled_sum  # sum (w^(b k) - 1) x each
+        bound1, bound2 = _ROUNDING * np.abs(scaled).sum(axis=0) * (4, 5)
+        total2 = scaled[:, 1].sum().real
+        rho = math.exp(-d)
+        rho_sum = rho / -math.expm1(-d)
+
+        def sums(j: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """(d1, E2, rounding bound in epsilon's log terms' numerators: (err1, err2)) above each
+            index of ``j``."""
+            a = j + 1
+            count = b - a
+            if a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:  # consecutive: w^(a k) from
+                phase = np.exp((2j * np.pi / n) * ((int(a[0]) * k) % n))  # w^(a_0 k) w^(m k)
+                z = table[:a.size] @ (phase[:, None] * scaled) - scaled_sum
+            else:
+                z = np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ scaled - scaled_sum  # (P, 2)
+            one_minus_r = -np.expm1(count * -d)  # 1 - rho^(b - a)
+            d1 = infinity_mass + a0 * count + (z[:, 0] - wb[0]).real
+            e2 = (a0 * rho_sum * one_minus_r + z[:, 1].real - (1 - one_minus_r) * wb[1].real
+                  + one_minus_r * total2)
+            return d1, e2, _ROUNDING * a0 * count + bound1 + n * TAU
+
+        if near and hint is not None:
+            probes = np.arange(max(hint - NEAR, 0), min(hint + NEAR + 1, top))
+        elif hint is not None:
+            probes = np.unique(np.clip(hint + _OFFSETS, 0, top - 1))
+        else:
+            probes = np.unique(np.linspace(0, top - 1, PROBES + 1).round().astype(np.int64))
+        lo, hi = -1, top
+        hockey_lo, hockey_hi = math.inf, 0.0
+        while probes.size:
+            d1, e2, err1 = sums(probes)
+            hockey = d1 - e2
+            stop = (e2 > 0) & (hockey >= delta)
+            true_idx = np.flatnonzero(stop)
+            last = int(true_idx[-1]) if true_idx.size else -1
+            if last >= 0 and probes[last] > lo:
+                lo, hockey_lo = int(probes[last]), float(hockey[last])
+            if last + 1 < probes.size and probes[last + 1] < hi:
+                hi, hockey_hi = int(probes[last + 1]), float(hockey[last + 1])
+            if hi - lo <= 1:
+                break
+            probes = _next_probes(lo, hi, hockey_lo, hockey_hi, delta)
+        if lo < 0:
+            return None  # no stop inside the window: the dense scan's last branches
+        d1_j, e2_j, err1_j = (float(v[0]) for v in sums(np.array([lo])))  # the same value
+        # whichever probes found lo (the search's sums round differently with their blocks)
+        if not (d1_j > delta and e2_j > 0):
+            return None
+        error = err1_j / (d1_j - delta) + (bound2 + _ROUNDING * a0 * rho_sum + n * TAU) / e2_j
+        if not error <= MAX_ERROR:
+            return None
+        return float((first_loss + lo) * d + math.log((d1_j - delta) / e2_j) + error), lo
+
+
+def _next_probes(lo: int, hi: int, hockey_lo: float, hockey_hi: float, delta: float) -> np.ndarray:
+    """Probes strictly inside (lo, hi) (index 0 first while no stop is known, lo = -1): evenly
+    spaced, plus 17 around the index where the logarithm of the hockey stick, interpolated
+    linearly between lo and hi, crosses log(delta)."""
+    if lo < 0:
+        spread = np.linspace(0, hi, PROBES + 1).round().astype(np.int64)[:-1]
+        return np.unique(spread[spread < hi])
+    spread = np.linspace(lo, hi, PROBES // 2 + 2).round().astype(np.int64)[1:-1]
+    guess = (lo + hi) // 2
+    if hockey_lo > delta and hockey_hi > 0:
+        fraction = math.log(hockey_lo / delta) / math.log(hockey_lo / hockey_hi)
+        guess = lo + int(round(fraction * (hi - lo)))
+    near = guess + np.arange(-NEAR, NEAR + 1)
+    candidates = np.unique(np.concatenate((spread, near)))
+    return candidates[(candidates > lo) & (candidates < hi)]
