@@ -176,13 +176,13 @@ class _RunningPMF:
                                                   discretisation=self.discretisation, low_steps=steps)
         return sparse
 
-    def _predicted_stop(self, steps: int) -> tuple[int | None, bool]:
-        """(loss index where the scan is expected to stop, whether within a few indices): the last
-        two sparse scans' stops extrapolated linearly in T, or the last one's."""
+    def _predicted_stop(self, steps: int) -> int | None:
+        """The loss index where the scan is expected to stop: the last two sparse scans' stops
+        extrapolated linearly in T, or the last one's."""
         if len(self.stops) == 2 and self.stops[0][0] != self.stops[1][0]:
             (t0, j0), (t1, j1) = self.stops
-            return j1 + round((j1 - j0) * (steps - t1) / (t1 - t0)), True
-        return (self.stops[-1][1], False) if self.stops else (None, False)
+            return j1 + round((j1 - j0) * (steps - t1) / (t1 - t0))
+        return self.stops[-1][1] if self.stops else None
 
     def epsilon(self, steps: int, delta: float) -> float:
         """dp-accounting's ``self_compose(steps).get_epsilon_for_delta(delta)``: the sparse scan
@@ -193,10 +193,10 @@ class _RunningPMF:
         infinity = self.infinity(steps)
         if infinity <= delta and SPARSE:
             first_loss = self.lower_loss * steps + lower
-            hint, near = self._predicted_stop(steps)
+            hint = self._predicted_stop(steps)
             found = self._spectrum_for(steps).epsilon(
                 steps=steps, lower=lower, length=length, first_loss=first_loss, infinity_mass=infinity,
-                delta=delta, hint=None if hint is None else hint - first_loss, near=near)
+                delta=delta, hint=None if hint is None else hint - first_loss)
             if found is not None:
                 self.stops = (*self.stops[-1:], (steps, first_loss + found[1]))
                 return found[0]

@@ -62,12 +62,11 @@ MAX_ERROR = 1e-8
 """Largest rounding bound in epsilon the sparse result may carry (added to it)."""
 PROBES = 32
 """Indices evaluated per step of the interval search."""
+_LOG_TAU = math.log(TAU)
 NEAR = 8
 """A predicted stop is checked first on the 2 NEAR + 1 indices around it."""
 _ROUNDING = 8 * np.finfo(np.float64).eps
 """Relative rounding of one closed-form term (a few operations of 1 ulp each, with margin)."""
-_OFFSETS = np.concatenate(([0], 2 ** np.arange(18), -(2 ** np.arange(18))))
-"""Offsets from the predicted index probed first: 0, +-1, +-2, +-4, ..., +-2^17."""
 
 
 class SparseSpectrum:
@@ -88,7 +87,7 @@ class SparseSpectrum:
             raise ValueError(f"low_steps must be >= 1, got {low_steps}")
         with np.errstate(divide="ignore"):
             log_abs = np.log(np.abs(spectrum))
-        k = np.flatnonzero(low_steps * log_abs > math.log(TAU))
+        k = np.flatnonzero(low_steps * log_abs > _LOG_TAU)
         self.size, self.discretisation, self.low_steps = size, float(discretisation), low_steps
         self.all_k = k
         self.all_log = np.log(spectrum[k].astype(np.complex128))  # log F_k (principal branch)
@@ -100,17 +99,22 @@ class SparseSpectrum:
 
     def kept(self, steps: int) -> np.ndarray:
         """The indices k with |F_k|^steps > TAU."""
-        return self.all_k[steps * self.all_log.real > math.log(TAU)]
+        return self.all_k[steps * self.all_log.real > _LOG_TAU]
 
     def _frequencies(self, steps: int) -> tuple | None:
         """Per-frequency constants of the kept set at ``steps``: (k > 0, log F_0, log F_k, c_k / N
         over 1 - w^k, c_k rho / N over 1 - rho w^k), or None when the sparse scan does not apply.
-        The kept sets of growing T are nested, so one of the same size is the same set."""
+        The last set is reused while its weakest coefficient is still kept and the strongest one
+        it dropped is still dropped (the same comparisons, made for those two only)."""
         if steps < self.low_steps:
             raise ValueError(f"spectrum kept for >= {self.low_steps} steps, asked {steps}")
-        keep = np.flatnonzero(steps * self.all_log.real > math.log(TAU))
-        if self._at is not None and self._at[0] == keep.size:
-            return self._at[1]
+        if self._at is not None:
+            weakest, strongest_dropped, constants = self._at
+            if steps * weakest > _LOG_TAU and not steps * strongest_dropped > _LOG_TAU:
+                return constants
+        magnitudes = self.all_log.real
+        mask = steps * magnitudes > _LOG_TAU
+        keep = np.flatnonzero(mask)
         k, log_f = self.all_k[keep], self.all_log[keep]
         if k.size > MAX_KEPT or k.size == 0 or k[0] != 0:
             constants = None
@@ -123,84 +127,87 @@ class SparseSpectrum:
             rows = np.arange(2 * NEAR + 1)[:, None]
             table = np.exp((2j * np.pi / n) * ((rows * k[1:]) % n))  # w^(m k), m = 0 .. 2 NEAR
             constants = (k[1:], float(log_f[0].real), log_f[1:], np.stack((over1, over2), axis=1),
-                         2 * k[1:] == n, table)
-        self._at = (keep.size, constants)
+                         bool(2 * k[-1] == n), table, math.exp(-d) / -math.expm1(-d))
+        self._at = (float(magnitudes[mask].min(initial=0.0)), float(magnitudes[~mask].max(initial=-np.inf)),
+                    constants)
         return constants
 
     def epsilon(self, *, steps: int, lower: int, length: int, first_loss: int, infinity_mass: float,
-                delta: float, hint: int | None = None, near: bool = False) -> tuple[float, int] | None:
+                delta: float, hint: int | None = None) -> tuple[float, int] | None:
         """(epsilon, stopping index j) of dp-accounting's scan of the window of ``length`` indices
         starting at circular index ``lower`` of irfft(F^steps), whose loss grid starts at
         ``first_loss`` * d, with ``infinity_mass`` (< delta); None where the dense scan must answer
-        (module docstring). ``hint``: an index near the expected stop, which changes only how
-        fast it is found (``near``: within a few indices, e.g. extrapolated from the last calls)."""
+        (module docstring). ``hint``: the expected stop (extrapolated from the last calls), which
+        changes only how fast it is found: the 2 ``NEAR`` + 1 indices around it are probed first."""
         constants = self._frequencies(steps)
         top = length - 1  # the scan's predicate fails at the top index (nothing above it)
         d = self.discretisation
         if constants is None or top < 1 or max(abs(first_loss), abs(first_loss + top)) * d > MAX_LOSS:
             return None
-        k, log_f0, log_f, over, nyquist, table = constants
+        k, log_f0, log_f, over, nyquist, table, rho_sum = constants
         n, b = self.size, length
         a0 = math.exp(steps * log_f0) / n  # F_0 is real: the one-step mass
         angle = (2j * np.pi / n) * ((lower * k) % n)
         coefficient = np.exp(steps * log_f + angle)  # F_k^T w^(k lower)
-        if nyquist.any():  # irfft reads the real part of F_{N/2}^T only
-            coefficient[nyquist] = np.exp(steps * log_f[nyquist]).real * np.exp(angle[nyquist])
+        if nyquist:  # the largest k kept is N / 2: irfft reads the real part of F_{N/2}^T only
+            coefficient[-1] = np.exp(steps * log_f[-1]).real * np.exp(angle[-1])
         scaled = coefficient[:, None] * over  # (K, 2): a_k / (1 - w^k), a_k rho / (1 - rho w^k)
         scaled_sum = scaled.sum(axis=0)
-        wb = np.exp((2j * np.pi / n) * ((b * k) % n)) @ scaled - scaled_sum  # sum (w^(b k) - 1) x each
-        bound1, bound2 = _ROUNDING * np.abs(scaled).sum(axis=0) * (4, 5)
-        total2 = scaled[:, 1].sum().real
-        rho = math.exp(-d)
-        rho_sum = rho / -math.expm1(-d)
+        wb1, wb2 = (np.exp((2j * np.pi / n) * ((b * k) % n)) @ scaled - scaled_sum).real
+        sum1, sum2 = scaled_sum.real  # sum (w^(b k) - 1) x each column, and each column's sum
+        # d1 = infinity + a0 (b - a) + Z1 - sum1 - wb1 and E2 = c2 (1 - rho^(b - a)) + Z2 - sum2 - wb2
+        # with Z = Re sum_k w^(a k) x each column and c2 = a0 rho_sum + sum2 + wb2
+        c2 = a0 * rho_sum + sum2 + wb2
+        columns = scaled @ np.array([[1, 0], [-1, 1]])  # (Z1 - Z2, Z2) from one product
+        offset = infinity_mass - sum1 - wb1 + sum2 + wb2
 
-        def sums(j: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """(d1, E2, rounding bound in epsilon's log terms' numerators: (err1, err2)) above each
-            index of ``j``."""
+        def hockey(j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """(d1 - E2, E2) above each index of ``j`` (the scan's stopping predicate)."""
             a = j + 1
-            count = b - a
             if a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:  # consecutive: w^(a k) from
                 phase = np.exp((2j * np.pi / n) * ((int(a[0]) * k) % n))  # w^(a_0 k) w^(m k)
-                z = table[:a.size] @ (phase[:, None] * scaled) - scaled_sum
+                z = (table[:a.size] @ (phase[:, None] * columns)).real
             else:
-                z = np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ scaled - scaled_sum  # (P, 2)
-            one_minus_r = -np.expm1(count * -d)  # 1 - rho^(b - a)
-            d1 = infinity_mass + a0 * count + (z[:, 0] - wb[0]).real
-            e2 = (a0 * rho_sum * one_minus_r + z[:, 1].real - (1 - one_minus_r) * wb[1].real
-                  + one_minus_r * total2)
-            return d1, e2, _ROUNDING * a0 * count + bound1 + n * TAU
+                z = (np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ columns).real  # (P, 2)
+            count = b - a
+            e2_head = c2 * -np.expm1(count * -d)
+            return z[:, 0] + offset + a0 * count - e2_head, e2_head + z[:, 1] - sum2 - wb2
 
-        if near and hint is not None:
+        if hint is not None:
             probes = np.arange(max(hint - NEAR, 0), min(hint + NEAR + 1, top))
-        elif hint is not None:
-            probes = np.unique(np.clip(hint + _OFFSETS, 0, top - 1))
         else:
             probes = np.unique(np.linspace(0, top - 1, PROBES + 1).round().astype(np.int64))
         lo, hi = -1, top
         hockey_lo, hockey_hi = math.inf, 0.0
         while probes.size:
-            d1, e2, err1 = sums(probes)
-            hockey = d1 - e2
-            stop = (e2 > 0) & (hockey >= delta)
-            true_idx = np.flatnonzero(stop)
+            values, e2 = hockey(probes)
+            true_idx = np.flatnonzero((e2 > 0) & (values >= delta))
             last = int(true_idx[-1]) if true_idx.size else -1
             if last >= 0 and probes[last] > lo:
-                lo, hockey_lo = int(probes[last]), float(hockey[last])
+                lo, hockey_lo = int(probes[last]), float(values[last])
             if last + 1 < probes.size and probes[last + 1] < hi:
-                hi, hockey_hi = int(probes[last + 1]), float(hockey[last + 1])
+                hi, hockey_hi = int(probes[last + 1]), float(values[last + 1])
             if hi - lo <= 1:
                 break
             probes = _next_probes(lo, hi, hockey_lo, hockey_hi, delta)
         if lo < 0:
             return None  # no stop inside the window: the dense scan's last branches
-        d1_j, e2_j, err1_j = (float(v[0]) for v in sums(np.array([lo])))  # the same value
-        # whichever probes found lo (the search's sums round differently with their blocks)
-        if not (d1_j > delta and e2_j > 0):
+        # d1 and E2 at lo from the same operations whichever probes found it (rounding differs)
+        a = lo + 1
+        z1, z2 = (np.exp((2j * np.pi / n) * ((a * k) % n)) @ scaled).real
+        count = b - a
+        one_minus_r = -math.expm1(count * -d)
+        d1 = infinity_mass + a0 * count + (z1 - sum1 - wb1)
+        e2 = c2 * one_minus_r + (z2 - sum2 - wb2)
+        if not (d1 > delta and e2 > 0):
             return None
-        error = err1_j / (d1_j - delta) + (bound2 + _ROUNDING * a0 * rho_sum + n * TAU) / e2_j
+        bound1, bound2 = np.abs(scaled).sum(axis=0)
+        err1 = _ROUNDING * (4 * bound1 + a0 * count) + n * TAU
+        err2 = _ROUNDING * (5 * bound2 + a0 * rho_sum) + n * TAU
+        error = err1 / (d1 - delta) + err2 / e2
         if not error <= MAX_ERROR:
             return None
-        return float((first_loss + lo) * d + math.log((d1_j - delta) / e2_j) + error), lo
+        return float((first_loss + lo) * d + math.log((d1 - delta) / e2) + error), lo
 
 
 def _next_probes(lo: int, hi: int, hockey_lo: float, hockey_hi: float, delta: float) -> np.ndarray:
