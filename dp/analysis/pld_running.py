@@ -20,12 +20,23 @@ what does not depend on T:
 - the hockey-stick scan of dp-accounting's ``_get_epsilon_for_delta`` as cumulative sums over the
   window, in the same order of summation.
 
+That dense path costs an N-point inverse FFT and a complex power of N / 2 values a query (5 ms a
+round at round 1,000 of the README default over the five discretisations tried). Once T is in
+the hundreds only a few dozen of the N / 2 coefficients of F^T stay above 1e-30, and the scan is
+read from those in closed form (:mod:`dp.analysis.pld_spectral`, about 30-60 us a direction,
+whatever N); the dense path answers where the sparse one does not (short runs with many kept
+coefficients, losses beyond 600 nats, a rounding bound above 1e-8 in epsilon, no stop inside the
+window). ``SPARSE = False`` turns the sparse path off (the benchmark's reference).
+
 What differs from the from-scratch value: the FFT length (N is at least dp-accounting's, so the
 wrap-around of the truncated tails, at most 1e-15 of mass, is no larger), floating-point rounding
 of the running power (relative 1e-13 at most between exact recomputations), and ``np.exp``
 against ``math.exp`` in the scan (one ulp). Their effect on epsilon is below 1e-9 at every
 regime tested (tests/dp/test_running_accountant.py), far inside the 0.001 the refinement works
-to; the refinement itself (which discretisations are tried, when it stops) is unchanged.
+to; the refinement itself (which discretisations are tried, when it stops) is unchanged. The
+sparse scan differs from the dense one by at most 1e-7 at delta >= 1e-7 in the regimes tested
+(tests/dp/test_pld_spectral.py: by the FFT's rounding, which it does not read), and from
+dp-accounting from scratch by less than ``pld.RUNNING_MARGIN``.
 """
 
 from __future__ import annotations
@@ -187,19 +198,30 @@ class _RunningPMF:
     def epsilon(self, steps: int, delta: float) -> float:
         """dp-accounting's ``self_compose(steps).get_epsilon_for_delta(delta)``: the sparse scan
         (:mod:`dp.analysis.pld_spectral`) where it answers, else the dense one."""
+        value = self.sparse_epsilon(steps, delta) if SPARSE else None
+        return self.dense_epsilon(steps, delta) if value is None else value
+
+    def sparse_epsilon(self, steps: int, delta: float) -> float | None:
+        """The sparse scan's epsilon, or None where it does not answer (then the dense scan must;
+        also None for an infinity mass above ``delta``, whose epsilon is inf)."""
         lower, upper = self.bounds(steps)
         length = upper - lower + 1
         self._grid_for(length)
         infinity = self.infinity(steps)
-        if infinity <= delta and SPARSE:
-            first_loss = self.lower_loss * steps + lower
-            hint = self._predicted_stop(steps)
-            found = self._spectrum_for(steps).epsilon(
-                steps=steps, lower=lower, length=length, first_loss=first_loss, infinity_mass=infinity,
-                delta=delta, hint=None if hint is None else hint - first_loss)
-            if found is not None:
-                self.stops = (*self.stops[-1:], (steps, first_loss + found[1]))
-                return found[0]
+        if infinity > delta:
+            return None
+        first_loss = self.lower_loss * steps + lower
+        hint = self._predicted_stop(steps)
+        found = self._spectrum_for(steps).epsilon(
+            steps=steps, lower=lower, length=length, first_loss=first_loss, infinity_mass=infinity,
+            delta=delta, hint=None if hint is None else hint - first_loss)
+        if found is None:
+            return None
+        self.stops = (*self.stops[-1:], (steps, first_loss + found[1]))
+        return found[0]
+
+    def dense_epsilon(self, steps: int, delta: float) -> float:
+        """The dense scan's epsilon: irfft of the running power, scanned (module docstring)."""
         lower_loss, probs, infinity = self.composed(steps)
         return epsilon_for_delta(infinity, lower_loss, self.discretisation, probs, delta)
 

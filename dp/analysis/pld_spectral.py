@@ -25,9 +25,10 @@ mass_upper = d1(j) and mass_lower = exp(-l_j) E2(j): that is E2(j) > 0 and d1(j)
 d1(j) - E2(j) = infinity mass + sum_{i > j} p_i (1 - exp(l_j - l_i)) is the hockey-stick
 divergence at l_j, non-increasing in j for the non-negative composed PMF, so the first stop from
 the top is the one j where the predicate holds at j and fails at j + 1; it is found by an interval
-search (32 probes a step, started from the last call's index when there was one) and checked
-at both ends. The scan then returns log((d1(j) - delta) / (exp(-l_j) E2(j))) = l_j +
-log((d1(j) - delta) / E2(j)).
+search (17 probes around the stop extrapolated from the last two calls, then 32 probes a step)
+and checked at both ends. The scan then returns log((d1(j) - delta) / (exp(-l_j) E2(j))) = l_j +
+log((d1(j) - delta) / E2(j)), or 0 where that is negative (its last test, mass_upper <=
+mass_lower + delta, which it also makes after stopping).
 
 What differs from the dense scan: each dropped coefficient moves every p_i by at most 2 TAU / N,
 so d1 and E2 (weights in [0, 1], at most N terms) by at most 2 TAU per dropped coefficient, N TAU
@@ -207,7 +208,8 @@ class SparseSpectrum:
         error = err1 / (d1 - delta) + err2 / e2
         if not error <= MAX_ERROR:
             return None
-        return float((first_loss + lo) * d + math.log((d1 - delta) / e2) + error), lo
+        # after its loop the scan returns 0 where mass_upper <= mass_lower + delta: epsilon <= 0
+        return max(0.0, float((first_loss + lo) * d + math.log((d1 - delta) / e2) + error)), lo
 
 
 def _next_probes(lo: int, hi: int, hockey_lo: float, hockey_hi: float, delta: float) -> np.ndarray:
