@@ -23,7 +23,8 @@ dp-accounting's ``_get_epsilon_for_delta`` runs from the top index down and stop
 j with mass_upper > delta, mass_lower > 0 and log((mass_upper - delta) / mass_lower) >= l_j, where
 mass_upper = d1(j) and mass_lower = exp(-l_j) E2(j): that is E2(j) > 0 and d1(j) - E2(j) >= delta.
 d1(j) - E2(j) = infinity mass + sum_{i > j} p_i (1 - exp(l_j - l_i)) is the hockey-stick
-divergence at l_j, non-increasing in j for the non-negative composed PMF, so the first stop from
+divergence at l_j, non-increasing in j for the non-negative composed PMF (where it is at least
+delta, d1 > delta, and E2 > 0 in exact arithmetic unless nothing lies above j), so the first stop from
 the top is the one j where the predicate holds at j and fails at j + 1; it is found by an interval
 search (17 probes around the stop extrapolated from the last two calls, then 32 probes a step)
 and checked at both ends. The scan then returns log((d1(j) - delta) / (exp(-l_j) E2(j))) = l_j +
@@ -159,30 +160,33 @@ class SparseSpectrum:
         # d1 = infinity + a0 (b - a) + Z1 - sum1 - wb1 and E2 = c2 (1 - rho^(b - a)) + Z2 - sum2 - wb2
         # with Z = Re sum_k w^(a k) x each column and c2 = a0 rho_sum + sum2 + wb2
         c2 = a0 * rho_sum + sum2 + wb2
-        columns = scaled @ np.array([[1, 0], [-1, 1]])  # (Z1 - Z2, Z2) from one product
+        columns = scaled[:, 0] - scaled[:, 1]  # Z1 - Z2 from one product
         offset = infinity_mass - sum1 - wb1 + sum2 + wb2
 
-        def hockey(j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """(d1 - E2, E2) above each index of ``j`` (the scan's stopping predicate)."""
+        def hockey(j: np.ndarray) -> np.ndarray:
+            """d1 - E2 above each index of ``j`` (the hockey stick at l_j)."""
             a = j + 1
             if a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:  # consecutive: w^(a k) from
                 phase = np.exp((2j * np.pi / n) * ((int(a[0]) * k) % n))  # w^(a_0 k) w^(m k)
-                z = (table[:a.size] @ (phase[:, None] * columns)).real
+                z = (table[:a.size] @ (phase * columns)).real
             else:
-                z = (np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ columns).real  # (P, 2)
+                z = (np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ columns).real
             count = b - a
-            e2_head = c2 * -np.expm1(count * -d)
-            return z[:, 0] + offset + a0 * count - e2_head, e2_head + z[:, 1] - sum2 - wb2
+            return z + offset + a0 * count - c2 * -np.expm1(count * -d)
 
         if hint is not None:
+            hint = min(max(hint, 0), top - 1)
             probes = np.arange(max(hint - NEAR, 0), min(hint + NEAR + 1, top))
         else:
             probes = np.unique(np.linspace(0, top - 1, PROBES + 1).round().astype(np.int64))
         lo, hi = -1, top
         hockey_lo, hockey_hi = math.inf, 0.0
         while probes.size:
-            values, e2 = hockey(probes)
-            true_idx = np.flatnonzero((e2 > 0) & (values >= delta))
+            # the predicate without E2 > 0: far below the stop E2 is below its rounding and may
+            # come out <= 0 where the exact value (positive) makes the predicate hold; at lo it
+            # is checked exactly below
+            values = hockey(probes)
+            true_idx = np.flatnonzero(values >= delta)
             last = int(true_idx[-1]) if true_idx.size else -1
             if last >= 0 and probes[last] > lo:
                 lo, hockey_lo = int(probes[last]), float(values[last])
