@@ -65,6 +65,7 @@ MAX_ERROR = 1e-8
 PROBES = 32
 """Indices evaluated per step of the interval search."""
 _LOG_TAU = math.log(TAU)
+_ANGLE = 2j * np.pi
 NEAR = 8
 """A predicted stop is checked first on the 2 NEAR + 1 indices around it."""
 _ROUNDING = 8 * np.finfo(np.float64).eps
@@ -127,7 +128,7 @@ class SparseSpectrum:
             over1 = weights / -np.expm1(1j * theta)
             over2 = weights * math.exp(-d) / -np.expm1(-d + 1j * theta)
             rows = np.arange(2 * NEAR + 1)[:, None]
-            table = np.exp((2j * np.pi / n) * ((rows * k[1:]) % n))  # w^(m k), m = 0 .. 2 NEAR
+            table = np.exp(_ANGLE / n * ((rows * k[1:]) % n))  # w^(m k), m = 0 .. 2 NEAR
             constants = (k[1:], float(log_f[0].real), log_f[1:], np.stack((over1, over2), axis=1),
                          bool(2 * k[-1] == n), table, math.exp(-d) / -math.expm1(-d))
         self._at = (float(magnitudes[mask].min(initial=0.0)), float(magnitudes[~mask].max(initial=-np.inf)),
@@ -149,43 +150,46 @@ class SparseSpectrum:
         k, log_f0, log_f, over, nyquist, table, rho_sum = constants
         n, b = self.size, length
         a0 = math.exp(steps * log_f0) / n  # F_0 is real: the one-step mass
-        angle = (2j * np.pi / n) * ((lower * k) % n)
-        coefficient = np.exp(steps * log_f + angle)  # F_k^T w^(k lower)
-        if nyquist:  # the largest k kept is N / 2: irfft reads the real part of F_{N/2}^T only
-            coefficient[-1] = np.exp(steps * log_f[-1]).real * np.exp(angle[-1])
-        scaled = coefficient[:, None] * over  # (K, 2): a_k / (1 - w^k), a_k rho / (1 - rho w^k)
-        scaled_sum = scaled.sum(axis=0)
-        wb1, wb2 = (np.exp((2j * np.pi / n) * ((b * k) % n)) @ scaled - scaled_sum).real
-        sum1, sum2 = scaled_sum.real  # sum (w^(b k) - 1) x each column, and each column's sum
-        # d1 = infinity + a0 (b - a) + Z1 - sum1 - wb1 and E2 = c2 (1 - rho^(b - a)) + Z2 - sum2 - wb2
-        # with Z = Re sum_k w^(a k) x each column and c2 = a0 rho_sum + sum2 + wb2
-        c2 = a0 * rho_sum + sum2 + wb2
-        columns = scaled[:, 0] - scaled[:, 1]  # Z1 - Z2 from one product
-        offset = infinity_mass - sum1 - wb1 + sum2 + wb2
-
-        def hockey(j: np.ndarray) -> np.ndarray:
-            """d1 - E2 above each index of ``j`` (the hockey stick at l_j)."""
-            a = j + 1
-            if a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:  # consecutive: w^(a k) from
-                phase = np.exp((2j * np.pi / n) * ((int(a[0]) * k) % n))  # w^(a_0 k) w^(m k)
-                z = (table[:a.size] @ (phase * columns)).real
-            else:
-                z = (np.exp((2j * np.pi / n) * ((a[:, None] * k) % n)) @ columns).real
-            count = b - a
-            return z + offset + a0 * count - c2 * -np.expm1(count * -d)
-
         if hint is not None:
             hint = min(max(hint, 0), top - 1)
             probes = np.arange(max(hint - NEAR, 0), min(hint + NEAR + 1, top))
         else:
             probes = np.unique(np.linspace(0, top - 1, PROBES + 1).round().astype(np.int64))
+        # w^(k lower) (the roll), w^(k b) (the window's end), w^(k a) for the first probe's a = j + 1
+        phases = np.exp(_ANGLE / n * ((np.array([lower, b, probes[0] + 1])[:, None] * k) % n))
+        power = np.exp(steps * log_f)  # F_k^T
+        if nyquist:  # the largest k kept is N / 2: irfft reads the real part of F_{N/2}^T only
+            power[-1] = power[-1].real
+        coefficient = power * phases[0]
+        column_sums = coefficient @ over  # (2,): sum of a_k / (1 - w^k), of a_k rho / (1 - rho w^k)
+        wb1, wb2 = ((phases[1] * coefficient) @ over - column_sums).real  # sum (w^(b k) - 1) x each
+        sum1, sum2 = float(column_sums[0].real), float(column_sums[1].real)
+        wb1, wb2 = float(wb1), float(wb2)
+        # d1 = infinity + a0 (b - a) + Z1 - sum1 - wb1 and E2 = c2 (1 - rho^(b - a)) + Z2 - sum2 - wb2
+        # with Z = Re sum_k w^(a k) x each column and c2 = a0 rho_sum + sum2 + wb2
+        c2 = a0 * rho_sum + sum2 + wb2
+        columns = coefficient * (over[:, 0] - over[:, 1])  # Z1 - Z2 from one product
+        offset = infinity_mass - sum1 - wb1 + sum2 + wb2 + a0 * b
+
+        def hockey(j: np.ndarray, first: bool) -> np.ndarray:
+            """d1 - E2 above each index of ``j`` (the hockey stick at l_j); ``first``: ``j`` is the
+            first probes, consecutive (w^(a k) = w^(a_0 k) w^(m k))."""
+            a = j + 1
+            if first and a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:
+                z = (table[:a.size] @ (phases[2] * columns)).real
+            else:
+                z = (np.exp(_ANGLE / n * ((a[:, None] * k) % n)) @ columns).real
+            return z + offset - a0 * a + c2 * np.expm1((a - b) * d)
+
         lo, hi = -1, top
         hockey_lo, hockey_hi = math.inf, 0.0
+        first = True
         while probes.size:
             # the predicate without E2 > 0: far below the stop E2 is below its rounding and may
             # come out <= 0 where the exact value (positive) makes the predicate hold; at lo it
             # is checked exactly below
-            values = hockey(probes)
+            values = hockey(probes, first)
+            first = False
             true_idx = np.flatnonzero(values >= delta)
             last = int(true_idx[-1]) if true_idx.size else -1
             if last >= 0 and probes[last] > lo:
@@ -199,14 +203,14 @@ class SparseSpectrum:
             return None  # no stop inside the window: the dense scan's last branches
         # d1 and E2 at lo from the same operations whichever probes found it (rounding differs)
         a = lo + 1
-        z1, z2 = (np.exp((2j * np.pi / n) * ((a * k) % n)) @ scaled).real
+        z1, z2 = ((np.exp(_ANGLE / n * ((a * k) % n)) * coefficient) @ over).real
         count = b - a
         one_minus_r = -math.expm1(count * -d)
         d1 = infinity_mass + a0 * count + (z1 - sum1 - wb1)
         e2 = c2 * one_minus_r + (z2 - sum2 - wb2)
         if not (d1 > delta and e2 > 0):
             return None
-        bound1, bound2 = np.abs(scaled).sum(axis=0)
+        bound1, bound2 = np.abs(coefficient) @ np.abs(over)
         err1 = _ROUNDING * (4 * bound1 + a0 * count) + n * TAU
         err2 = _ROUNDING * (5 * bound2 + a0 * rho_sum) + n * TAU
         error = err1 / (d1 - delta) + err2 / e2
