@@ -5,8 +5,9 @@ The running engine (:mod:`dp.analysis.pld_running`) composes T identical steps a
 ``irfft(F ** T)`` on N points (F the real DFT of the one-step PMF) and scans the window of the
 result from the top. Away from k = 0, |F_k| < 1, so |F_k|^T falls below any tau for all but a few
 dozen k once T is in the thousands (the composed PMF is a smooth bump a few standard deviations
-wide inside its window): at round 1,000 of the README default (T = 7,000) 13-38 of the 770 to
-70,000 coefficients of each grid are above ``TAU``.
+wide inside its window): at round 1,000 of the README default (T = 7,000) 35-38 of the 769 to
+69,985 coefficients of each grid are above ``TAU``, and about as many at round 10 (the grid
+grows with the window).
 
 :class:`SparseSpectrum` keeps the coefficients with |F_k|^T > ``TAU`` and evaluates, for the
 window rolled to start at index 0 (p_i = irfft(F^T)[(lower + i) mod N], 0 <= i < b, losses
@@ -24,8 +25,8 @@ j with mass_upper > delta, mass_lower > 0 and log((mass_upper - delta) / mass_lo
 mass_upper = d1(j) and mass_lower = exp(-l_j) E2(j): that is E2(j) > 0 and d1(j) - E2(j) >= delta.
 d1(j) - E2(j) = infinity mass + sum_{i > j} p_i (1 - exp(l_j - l_i)) is the hockey-stick
 divergence at l_j, non-increasing in j for the non-negative composed PMF (where it is at least
-delta, d1 > delta, and E2 > 0 in exact arithmetic unless nothing lies above j), so the first stop from
-the top is the one j where the predicate holds at j and fails at j + 1; it is found by an interval
+delta, d1 > delta; E2 > 0 in exact arithmetic unless nothing lies above j), so the first stop
+from the top is the one j where the predicate holds at j and fails at j + 1; it is found by an interval
 search (17 probes around the stop extrapolated from the last two calls, then 32 probes a step)
 and checked at both ends. The scan then returns log((d1(j) - delta) / (exp(-l_j) E2(j))) = l_j +
 log((d1(j) - delta) / E2(j)), or 0 where that is negative (its last test, mass_upper <=
@@ -37,8 +38,10 @@ in all (1.4e-25 at N = 139,968); the closed forms round to about 1e-16 times the
 k of |a_k| / |1 - w^k| (and |1 - rho w^k|), bounded here (``_ROUNDING``) and added to the result
 in epsilon (first order: the bound over d1 - delta plus the bound over E2; typically 1e-10);
 where that bound exceeds ``MAX_ERROR`` the caller takes the dense scan. The dense scan itself
-reads irfft's values, whose rounding (about 1e-17 N absolute) is what the sparse sums avoid;
-both agree with dp-accounting from scratch to the tolerance docs/privacy.md states
+reads irfft's values, whose rounding (about 1e-17 N absolute) is what the sparse sums avoid.
+Neither bound covers the rounding of F itself, which F^T amplifies T times and which the sparse
+and dense scans share (they read the same F); dp-accounting from scratch, on another FFT length,
+differs by it: the measured differences are in docs/privacy.md, section 7
 (tests/dp/test_pld_spectral.py).
 
 The caller takes the dense scan where this one does not answer (:meth:`SparseSpectrum.epsilon`
@@ -94,7 +97,7 @@ class SparseSpectrum:
         self.size, self.discretisation, self.low_steps = size, float(discretisation), low_steps
         self.all_k = k
         self.all_log = np.log(spectrum[k].astype(np.complex128))  # log F_k (principal branch)
-        self._at: tuple[int, tuple] | None = None
+        self._at: tuple[float, float, tuple | None] | None = None  # (weakest, strongest dropped, constants)
 
     @property
     def nbytes(self) -> int:
@@ -105,8 +108,10 @@ class SparseSpectrum:
         return self.all_k[steps * self.all_log.real > _LOG_TAU]
 
     def _frequencies(self, steps: int) -> tuple | None:
-        """Per-frequency constants of the kept set at ``steps``: (k > 0, log F_0, log F_k, c_k / N
-        over 1 - w^k, c_k rho / N over 1 - rho w^k), or None when the sparse scan does not apply.
+        """Per-frequency constants of the kept set at ``steps``: (the kept k > 0, log F_0, their
+        log F_k, (c_k / N / (1 - w^k), c_k rho / N / (1 - rho w^k)) as a (K, 2) array, whether
+        N / 2 is kept, w^(m k) for m = 0 .. 2 NEAR, rho / (1 - rho)), or None when the sparse scan
+        does not apply.
         The last set is reused while its weakest coefficient is still kept and the strongest one
         it dropped is still dropped (the same comparisons, made for those two only)."""
         if steps < self.low_steps:
