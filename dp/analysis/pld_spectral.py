@@ -109,7 +109,7 @@ class SparseSpectrum:
 
     def _frequencies(self, steps: int) -> tuple | None:
         """Per-frequency constants of the kept set at ``steps``: (the kept k > 0, log F_0, their
-        log F_k, (c_k / N / (1 - w^k), c_k rho / N / (1 - rho w^k)) as a (K, 2) array, whether
+        log F_k, (c_k / N / (1 - w^k), c_k rho / N / (1 - rho w^k)) as a (2, K) array, whether
         N / 2 is kept, w^(m k) for m = 0 .. 2 NEAR, rho / (1 - rho)), or None when the sparse scan
         does not apply.
         The last set is reused while its weakest coefficient is still kept and the strongest one
@@ -134,7 +134,7 @@ class SparseSpectrum:
             over2 = weights * math.exp(-d) / -np.expm1(-d + 1j * theta)
             rows = np.arange(2 * NEAR + 1)[:, None]
             table = np.exp(_ANGLE / n * ((rows * k[1:]) % n))  # w^(m k), m = 0 .. 2 NEAR
-            constants = (k[1:], float(log_f[0].real), log_f[1:], np.stack((over1, over2), axis=1),
+            constants = (k[1:], float(log_f[0].real), log_f[1:], np.stack((over1, over2)),
                          bool(2 * k[-1] == n), table, math.exp(-d) / -math.expm1(-d))
         self._at = (float(magnitudes[mask].min(initial=0.0)), float(magnitudes[~mask].max(initial=-np.inf)),
                     constants)
@@ -160,20 +160,22 @@ class SparseSpectrum:
             probes = np.arange(max(hint - NEAR, 0), min(hint + NEAR + 1, top))
         else:
             probes = np.unique(np.linspace(0, top - 1, PROBES + 1).round().astype(np.int64))
-        # w^(k lower) (the roll), w^(k b) (the window's end), w^(k a) for the first probe's a = j + 1
+        # w^(k lower) (the roll), w^(k b) (the window's end), w^(k a) for the first probe's a = j + 1;
+        # sums are elementwise products summed by numpy, not matrix products: a threaded BLAS
+        # call costs milliseconds on a loaded machine
         phases = np.exp(_ANGLE / n * ((np.array([lower, b, probes[0] + 1])[:, None] * k) % n))
         power = np.exp(steps * log_f)  # F_k^T
         if nyquist:  # the largest k kept is N / 2: irfft reads the real part of F_{N/2}^T only
             power[-1] = power[-1].real
         coefficient = power * phases[0]
-        column_sums = coefficient @ over  # (2,): sum of a_k / (1 - w^k), of a_k rho / (1 - rho w^k)
-        wb1, wb2 = ((phases[1] * coefficient) @ over - column_sums).real  # sum (w^(b k) - 1) x each
+        column_sums = (coefficient * over).sum(axis=1)  # of a_k / (1 - w^k), of a_k rho / (1 - rho w^k)
+        wb1, wb2 = ((phases[1] * coefficient * over).sum(axis=1) - column_sums).real  # of (w^(b k) - 1) x
         sum1, sum2 = float(column_sums[0].real), float(column_sums[1].real)
         wb1, wb2 = float(wb1), float(wb2)
         # d1 = infinity + a0 (b - a) + Z1 - sum1 - wb1 and E2 = c2 (1 - rho^(b - a)) + Z2 - sum2 - wb2
         # with Z = Re sum_k w^(a k) x each column and c2 = a0 rho_sum + sum2 + wb2
         c2 = a0 * rho_sum + sum2 + wb2
-        columns = coefficient * (over[:, 0] - over[:, 1])  # Z1 - Z2 from one product
+        columns = coefficient * (over[0] - over[1])  # Z1 - Z2 from one sum
         offset = infinity_mass - sum1 - wb1 + sum2 + wb2 + a0 * b
 
         def hockey(j: np.ndarray, first: bool) -> np.ndarray:
@@ -181,9 +183,9 @@ class SparseSpectrum:
             first probes, consecutive (w^(a k) = w^(a_0 k) w^(m k))."""
             a = j + 1
             if first and a.size <= table.shape[0] and a[-1] - a[0] == a.size - 1:
-                z = (table[:a.size] @ (phases[2] * columns)).real
+                z = (table[:a.size] * (phases[2] * columns)).sum(axis=1).real
             else:
-                z = (np.exp(_ANGLE / n * ((a[:, None] * k) % n)) @ columns).real
+                z = (np.exp(_ANGLE / n * ((a[:, None] * k) % n)) * columns).sum(axis=1).real
             return z + offset - a0 * a + c2 * np.expm1((a - b) * d)
 
         lo, hi = -1, top
@@ -208,14 +210,14 @@ class SparseSpectrum:
             return None  # no stop inside the window: the dense scan's last branches
         # d1 and E2 at lo from the same operations whichever probes found it (rounding differs)
         a = lo + 1
-        z1, z2 = ((np.exp(_ANGLE / n * ((a * k) % n)) * coefficient) @ over).real
+        z1, z2 = (np.exp(_ANGLE / n * ((a * k) % n)) * coefficient * over).sum(axis=1).real
         count = b - a
         one_minus_r = -math.expm1(count * -d)
         d1 = infinity_mass + a0 * count + (z1 - sum1 - wb1)
         e2 = c2 * one_minus_r + (z2 - sum2 - wb2)
         if not (d1 > delta and e2 > 0):
             return None
-        bound1, bound2 = np.abs(coefficient) @ np.abs(over)
+        bound1, bound2 = (np.abs(coefficient) * np.abs(over)).sum(axis=1)
         err1 = _ROUNDING * (4 * bound1 + a0 * count) + n * TAU
         err2 = _ROUNDING * (5 * bound2 + a0 * rho_sum) + n * TAU
         error = err1 / (d1 - delta) + err2 / e2
