@@ -24,7 +24,7 @@ That dense path costs an N-point inverse FFT and a complex power of N / 2 values
 round at round 1,000 of the README default over the five discretisations tried). Once T is in
 the hundreds only a few dozen of the N / 2 coefficients of F^T stay above 1e-30, and the scan is
 read from those in closed form (:mod:`dp.analysis.pld_spectral`, about 30-60 us a direction,
-whatever N); the dense path answers where the sparse one does not (short runs with many kept
+whatever N); the dense path answers where the sparse one does not (more than N / 16 kept
 coefficients, losses beyond 600 nats, a rounding bound above 1e-8 in epsilon, no stop inside the
 window). ``SPARSE = False`` turns the sparse path off (the benchmark's reference).
 
