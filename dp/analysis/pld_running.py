@@ -106,6 +106,7 @@ class _RunningPMF:
         self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
         self.sparse: SparseSpectrum | None = None  # the kept coefficients of this grid
         self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
+        self.version = 0  # counts the (re)allocations of the arrays above (the cache's memory check)
 
     @property
     def nbytes(self) -> int:
@@ -143,10 +144,12 @@ class _RunningPMF:
                 return state[2]
             increment = self.increment
             if increment is None or increment[:2] != (size, grow):
+                self.version += increment is None or increment[0] != size
                 increment = self.increment = (size, grow, spectrum ** grow)
             power, advances = state[2] * increment[2], state[1] + 1
         else:
             power, advances = spectrum ** steps, 0
+        self.version += state is None or state[2].size != power.size
         self.state = (steps, advances, power)
         return power
 
@@ -157,6 +160,7 @@ class _RunningPMF:
             size = fft.next_fast_len(int(HEADROOM * needed), real=True)
             self.grid = (size, fft.rfft(self.probs, size))
             self.sparse = None
+            self.version += 1
 
     def composed(self, steps: int) -> tuple[int, np.ndarray, float]:
         """(lower loss index, probabilities, infinity mass) of ``steps`` self-compositions, as
@@ -185,6 +189,7 @@ class _RunningPMF:
             size, spectrum = self.grid
             sparse = self.sparse = SparseSpectrum(spectrum=spectrum, size=size,
                                                   discretisation=self.discretisation, low_steps=steps)
+            self.version += 1
         return sparse
 
     def _predicted_stop(self, steps: int) -> int | None:
@@ -286,6 +291,11 @@ class RunningPLD:
         """Bytes held by the cached arrays."""
         return sum(pmf.nbytes for pmf in (self.remove, self.add) if pmf is not None)
 
+    @property
+    def version(self) -> int:
+        """Changes whenever a cached array is (re)allocated."""
+        return self.remove.version + (self.add.version if self.add is not None else 0)
+
     def epsilon(self, steps: int, delta: float) -> float:
         """Epsilon at ``delta`` after ``steps`` >= 1 steps (the larger over both neighbour
         directions, as dp-accounting's ``get_epsilon_for_delta``)."""
@@ -325,13 +335,13 @@ def running_directions(noise_multiplier: float, sample_rate: float, steps: int, 
     """:meth:`RunningPLD.directions` of the cached engine for these parameters."""
     key = (float(noise_multiplier), float(sample_rate), float(discretisation))
     engine = _ENGINES.pop(key, None)
-    held = None if engine is None else engine.nbytes
+    held = None if engine is None else engine.version
     if engine is None:
         engine = RunningPLD(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                             discretisation=discretisation)
     _ENGINES[key] = engine
     value = engine.directions(steps, delta, bounds)
-    if engine.nbytes != held:  # the cache's memory grew: drop the least recently used
+    if engine.version != held:  # arrays were (re)allocated: drop the least recently used
         while len(_ENGINES) > 1 and (len(_ENGINES) > CACHE_SIZE
                                      or sum(e.nbytes for e in _ENGINES.values()) > CACHE_BYTES):
             _ENGINES.popitem(last=False)
