@@ -158,8 +158,9 @@ class _RunningPMF:
         needed = max(length, self.probs.size)
         if needed > self.grid[0]:
             size = fft.next_fast_len(int(HEADROOM * needed), real=True)
-            self.grid = (size, fft.rfft(self.probs, size))
-            self.sparse = None
+            spectrum = fft.rfft(self.probs, size)
+            self.sparse = None  # first: an interrupt here leaves the old grid, whose kept set is rebuilt
+            self.grid = (size, spectrum)
             self.version += 1
 
     def composed(self, steps: int) -> tuple[int, np.ndarray, float]:

@@ -167,7 +167,8 @@ class SparseSpectrum:
         constants = self._frequencies(steps)
         top = length - 1  # the scan's predicate fails at the top index (nothing above it)
         d = self.discretisation
-        if constants is None or top < 1 or max(abs(first_loss), abs(first_loss + top)) * d > MAX_LOSS:
+        far = max(abs(first_loss), abs(first_loss + top)) * d > MAX_LOSS
+        if constants is None or not 1 <= top < self.size or far:  # (a window longer than N: never)
             return None
         k, log_f0, log_f, over, nyquist, table, rho_sum = constants
         n, b = self.size, length
