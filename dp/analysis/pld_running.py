@@ -20,12 +20,23 @@ what does not depend on T:
 - the hockey-stick scan of dp-accounting's ``_get_epsilon_for_delta`` as cumulative sums over the
   window, in the same order of summation.
 
+That dense path costs an N-point inverse FFT and a complex power of N / 2 values a query (5 ms a
+round at round 1,000 of the README default over the five discretisations tried). Once T is in
+the hundreds only a few dozen of the N / 2 coefficients of F^T stay above 1e-30, and the scan is
+read from those in closed form (:mod:`dp.analysis.pld_spectral`, about 30-60 us a direction,
+whatever N); the dense path answers where the sparse one does not (more than N / 16 kept
+coefficients, losses beyond 600 nats, a rounding bound above 1e-8 in epsilon, no stop inside the
+window). ``SPARSE = False`` turns the sparse path off (the benchmark's reference).
+
 What differs from the from-scratch value: the FFT length (N is at least dp-accounting's, so the
 wrap-around of the truncated tails, at most 1e-15 of mass, is no larger), floating-point rounding
 of the running power (relative 1e-13 at most between exact recomputations), and ``np.exp``
 against ``math.exp`` in the scan (one ulp). Their effect on epsilon is below 1e-9 at every
 regime tested (tests/dp/test_running_accountant.py), far inside the 0.001 the refinement works
-to; the refinement itself (which discretisations are tried, when it stops) is unchanged.
+to; the refinement itself (which discretisations are tried, when it stops) is unchanged. The
+sparse scan differs from the dense one by at most 1e-7 at delta >= 1e-7 in the regimes tested
+(tests/dp/test_pld_spectral.py: by the FFT's rounding, which it does not read), and from
+dp-accounting from scratch by less than ``pld.RUNNING_MARGIN``.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from collections import OrderedDict
 
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_module
+from fedsec.dp.analysis.pld_spectral import SparseSpectrum
 from scipy import fft, special
 
 TAIL_MASS = 1e-15
@@ -47,12 +59,21 @@ growing like sqrt(T) rebuilds it rarely."""
 SKIP_GAP = 0.01
 """A neighbour direction is skipped only when its upper bound is this far below the other's value
 (ten times the refinement's agreement), a safety margin on top of the bound's argument."""
+RESPARSIFY = 4
+"""The kept coefficients are recomputed from the whole spectrum when T reaches this many times the
+step count they were kept for (fewer stay above the threshold as T grows)."""
+SPARSE = True
+"""Use the sparse scan where it answers (False: always the dense one; for the benchmark's and
+tests' comparisons)."""
 CACHE_SIZE = 24
 """Engines kept at most (one per sigma, q, discretisation; least recently used dropped)."""
 CACHE_BYTES = 256 * 2**20
 """Memory the kept engines may hold (their spectra and powers); least recently used dropped
 first, the one in use always kept. A calibration's bisection over sigma would otherwise keep
 a fine grid for every sigma it tried."""
+
+
+_LOG_TAIL = math.log(2 / TAIL_MASS)
 
 
 def _orders(size: int) -> np.ndarray:
@@ -74,32 +95,42 @@ class _RunningPMF:
         self.discretisation = float(dense._discretization)
         orders = _orders(self.probs.size)
         grid = np.arange(self.probs.size)
-        self.log_mgfs = [(float(order), float(special.logsumexp(grid * order, b=self.probs)))
-                         for order in orders]
+        log_mgfs = np.array([special.logsumexp(grid * order, b=self.probs) for order in orders])
+        self.moments = ((orders[orders > 0], log_mgfs[orders > 0]),
+                        (orders[orders < 0], log_mgfs[orders < 0]))
         # Each piece of state is one attribute holding a tuple, replaced whole, so that an
         # interrupt (Ctrl-C between two bytecodes) leaves the old state or the new one, never a
         # power that does not match its step count.
         self.grid: tuple[int, np.ndarray | None] = (0, None)  # (N, F)
         self.state: tuple[int, int, np.ndarray] | None = None  # (T, advances, F^T) on this grid
         self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
+        self.sparse: SparseSpectrum | None = None  # the kept coefficients of this grid
+        self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
+        self.version = 0  # counts the (re)allocations of the arrays above (the cache's memory check)
 
     @property
     def nbytes(self) -> int:
         arrays = (self.probs, self.grid[1], self.state[2] if self.state else None,
                   self.increment[2] if self.increment else None)
-        return sum(a.nbytes for a in arrays if a is not None)
+        return sum(a.nbytes for a in arrays if a is not None) + (self.sparse.nbytes if self.sparse else 0)
 
     def bounds(self, steps: int) -> tuple[int, int]:
-        """``common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)`` from cached moments."""
+        """``common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)`` from cached moments
+        (the same floating-point operations, vectorised over the orders of each sign)."""
         upper, lower = (self.probs.size - 1) * steps, 0
-        for order, log_mgf in self.log_mgfs:
-            bound = (steps * log_mgf + math.log(2 / TAIL_MASS)) / order
-            if not math.isfinite(bound):
-                continue
-            if order > 0:
-                upper = min(upper, math.ceil(bound))
-            if order < 0:
-                lower = max(lower, math.floor(bound))
+        (positive, log_positive), (negative, log_negative) = self.moments
+        high = ((steps * log_positive + _LOG_TAIL) / positive).min()
+        low = ((steps * log_negative + _LOG_TAIL) / negative).max()
+        if not (math.isfinite(high) and math.isfinite(low)):  # dp-accounting skips those orders
+            with np.errstate(over="ignore", invalid="ignore"):
+                both = [(steps * lm + _LOG_TAIL) / o for o, lm in ((positive, log_positive),
+                                                                    (negative, log_negative))]
+            high = min(both[0][np.isfinite(both[0])], default=math.inf)
+            low = max(both[1][np.isfinite(both[1])], default=-math.inf)
+        if math.isfinite(high):
+            upper = min(upper, math.ceil(high))
+        if math.isfinite(low):
+            lower = max(lower, math.floor(low))
         return lower, upper
 
     def _power_to(self, steps: int) -> np.ndarray:
@@ -113,22 +144,31 @@ class _RunningPMF:
                 return state[2]
             increment = self.increment
             if increment is None or increment[:2] != (size, grow):
+                self.version += increment is None or increment[0] != size
                 increment = self.increment = (size, grow, spectrum ** grow)
             power, advances = state[2] * increment[2], state[1] + 1
         else:
             power, advances = spectrum ** steps, 0
+        self.version += state is None or state[2].size != power.size
         self.state = (steps, advances, power)
         return power
+
+    def _grid_for(self, length: int) -> None:
+        """Builds the FFT grid (and drops what was kept on the old one) when ``length`` outgrows it."""
+        needed = max(length, self.probs.size)
+        if needed > self.grid[0]:
+            size = fft.next_fast_len(int(HEADROOM * needed), real=True)
+            spectrum = fft.rfft(self.probs, size)
+            self.sparse = None  # first: an interrupt here leaves the old grid, whose kept set is rebuilt
+            self.grid = (size, spectrum)
+            self.version += 1
 
     def composed(self, steps: int) -> tuple[int, np.ndarray, float]:
         """(lower loss index, probabilities, infinity mass) of ``steps`` self-compositions, as
         dp-accounting's ``DensePLDPmf.self_compose(steps)`` gives them."""
         lower, upper = self.bounds(steps)
         length = upper - lower + 1
-        needed = max(length, self.probs.size)
-        if needed > self.grid[0]:
-            size = fft.next_fast_len(int(HEADROOM * needed), real=True)
-            self.grid = (size, fft.rfft(self.probs, size))
+        self._grid_for(length)
         size = self.grid[0]
         values = fft.irfft(self._power_to(steps), size)
         start = lower % size  # the window's first index on the circular grid
@@ -136,12 +176,60 @@ class _RunningPMF:
             window = values[start:start + length]
         else:  # it wraps around the grid once (length < size): two slices
             window = np.concatenate((values[start:], values[:start + length - size]))
-        infinity = TAIL_MASS - math.expm1(steps * math.log1p(-self.infinity_mass))
-        return self.lower_loss * steps + lower, window, infinity
+        return self.lower_loss * steps + lower, window, self.infinity(steps)
+
+    def infinity(self, steps: int) -> float:
+        """The composed infinity mass plus the truncated tails (dp-accounting's ``self_compose``)."""
+        return TAIL_MASS - math.expm1(steps * math.log1p(-self.infinity_mass))
+
+    def _spectrum_for(self, steps: int) -> SparseSpectrum:
+        """The kept coefficients for ``steps``, rebuilt from the grid's spectrum when ``steps`` is
+        below the last build's or at least ``RESPARSIFY`` times it (fewer are kept as T grows)."""
+        sparse = self.sparse
+        if sparse is None or not sparse.low_steps <= steps < RESPARSIFY * sparse.low_steps:
+            size, spectrum = self.grid
+            sparse = self.sparse = SparseSpectrum(spectrum=spectrum, size=size,
+                                                  discretisation=self.discretisation, low_steps=steps)
+            self.version += 1
+        return sparse
+
+    def _predicted_stop(self, steps: int) -> int | None:
+        """The loss index where the scan is expected to stop: the last two sparse scans' stops
+        extrapolated linearly in T, or the last one's."""
+        if len(self.stops) == 2 and self.stops[0][0] != self.stops[1][0]:
+            (t0, j0), (t1, j1) = self.stops
+            return j1 + round((j1 - j0) * (steps - t1) / (t1 - t0))
+        return self.stops[-1][1] if self.stops else None
 
     def epsilon(self, steps: int, delta: float) -> float:
-        lower, probs, infinity = self.composed(steps)
-        return epsilon_for_delta(infinity, lower, self.discretisation, probs, delta)
+        """dp-accounting's ``self_compose(steps).get_epsilon_for_delta(delta)``: the sparse scan
+        (:mod:`dp.analysis.pld_spectral`) where it answers, else the dense one."""
+        value = self.sparse_epsilon(steps, delta) if SPARSE else None
+        return self.dense_epsilon(steps, delta) if value is None else value
+
+    def sparse_epsilon(self, steps: int, delta: float) -> float | None:
+        """The sparse scan's epsilon, or None where it does not answer (then the dense scan must;
+        also None for an infinity mass above ``delta``, whose epsilon is inf)."""
+        lower, upper = self.bounds(steps)
+        length = upper - lower + 1
+        self._grid_for(length)
+        infinity = self.infinity(steps)
+        if infinity > delta:
+            return None
+        first_loss = self.lower_loss * steps + lower
+        hint = self._predicted_stop(steps)
+        found = self._spectrum_for(steps).epsilon(
+            steps=steps, lower=lower, length=length, first_loss=first_loss, infinity_mass=infinity,
+            delta=delta, hint=None if hint is None else hint - first_loss)
+        if found is None:
+            return None
+        self.stops = (*self.stops[-1:], (steps, first_loss + found[1]))
+        return found[0]
+
+    def dense_epsilon(self, steps: int, delta: float) -> float:
+        """The dense scan's epsilon: irfft of the running power, scanned (module docstring)."""
+        lower_loss, probs, infinity = self.composed(steps)
+        return epsilon_for_delta(infinity, lower_loss, self.discretisation, probs, delta)
 
 
 def epsilon_for_delta(infinity_mass: float, lower_loss: int, discretisation: float,
@@ -204,6 +292,11 @@ class RunningPLD:
         """Bytes held by the cached arrays."""
         return sum(pmf.nbytes for pmf in (self.remove, self.add) if pmf is not None)
 
+    @property
+    def version(self) -> int:
+        """Changes whenever a cached array is (re)allocated."""
+        return self.remove.version + (self.add.version if self.add is not None else 0)
+
     def epsilon(self, steps: int, delta: float) -> float:
         """Epsilon at ``delta`` after ``steps`` >= 1 steps (the larger over both neighbour
         directions, as dp-accounting's ``get_epsilon_for_delta``)."""
@@ -243,13 +336,14 @@ def running_directions(noise_multiplier: float, sample_rate: float, steps: int, 
     """:meth:`RunningPLD.directions` of the cached engine for these parameters."""
     key = (float(noise_multiplier), float(sample_rate), float(discretisation))
     engine = _ENGINES.pop(key, None)
+    held = None if engine is None else engine.version
     if engine is None:
         engine = RunningPLD(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                             discretisation=discretisation)
     _ENGINES[key] = engine
     value = engine.directions(steps, delta, bounds)
-    while len(_ENGINES) > 1 and (len(_ENGINES) > CACHE_SIZE
-                                 or sum(e.nbytes for e in _ENGINES.values()) > CACHE_BYTES):
-        _ENGINES.popitem(last=False)
+    if engine.version != held:  # arrays were (re)allocated: drop the least recently used
+        while len(_ENGINES) > 1 and (len(_ENGINES) > CACHE_SIZE
+                                     or sum(e.nbytes for e in _ENGINES.values()) > CACHE_BYTES):
+            _ENGINES.popitem(last=False)
     return value
-

@@ -56,9 +56,10 @@ def test_jumps_and_smaller_step_counts_give_the_from_scratch_epsilon():
         assert _within(pld.epsilon([GaussianEvent(2.0, 0.1, steps)], DELTA), _scratch(2.0, 0.1, steps))
 
 
-def test_the_running_power_is_recomputed_exactly_and_stays_exact():
+def test_the_running_power_is_recomputed_exactly_and_stays_exact(monkeypatch):
     """More advances than EXACT_EVERY at one discretisation: the value at the end still equals
-    dp-accounting's self-composition."""
+    dp-accounting's self-composition (the dense path, which the sparse scan falls back to)."""
+    monkeypatch.setattr(pld_running, "SPARSE", False)
     engine = RunningPLD(noise_multiplier=1.5, sample_rate=0.2, discretisation=1e-3)
     for steps in range(1, pld_running.EXACT_EVERY + 40):
         engine.epsilon(steps, DELTA)
