@@ -65,6 +65,13 @@ step count they were kept for (fewer stay above the threshold as T grows)."""
 SPARSE = True
 """Use the sparse scan where it answers (False: always the dense one; for the benchmark's and
 tests' comparisons)."""
+ROUNDING_ULPS = 7
+"""The error of one FFT stage in units of the roundoff u: Higham's eta = mu + gamma_4 (sqrt(2) +
+mu) with a twiddle-factor error mu of about u is 6.7 u (:meth:`_RunningPMF.rounding_mass`)."""
+ROUNDING_FLOOR = -60.0
+"""Coefficients with (T - 1) log |F_k| below this are each bounded by e^ROUNDING_FLOOR in the
+rounding bound rather than summed (cheap with the magnitudes sorted)."""
+_U = float(np.finfo(np.float64).eps) / 2
 CACHE_SIZE = 24
 """Engines kept at most (one per sigma, q, discretisation; least recently used dropped)."""
 CACHE_BYTES = 256 * 2**20
@@ -106,12 +113,15 @@ class _RunningPMF:
         self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
         self.sparse: SparseSpectrum | None = None  # the kept coefficients of this grid
         self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
+        self.log_magnitudes: tuple[int, np.ndarray] | None = None  # (N, log |F_k| largest first)
         self.version = 0  # counts the (re)allocations of the arrays above (the cache's memory check)
 
     @property
     def nbytes(self) -> int:
         arrays = (self.probs, self.grid[1], self.state[2] if self.state else None,
                   self.increment[2] if self.increment else None)
+        if self.log_magnitudes is not None:
+            arrays += (self.log_magnitudes[1],)
         return sum(a.nbytes for a in arrays if a is not None) + (self.sparse.nbytes if self.sparse else 0)
 
     def bounds(self, steps: int) -> tuple[int, int]:
@@ -202,10 +212,63 @@ class _RunningPMF:
         return self.stops[-1][1] if self.stops else None
 
     def epsilon(self, steps: int, delta: float) -> float:
-        """dp-accounting's ``self_compose(steps).get_epsilon_for_delta(delta)``: the sparse scan
-        (:mod:`dp.analysis.pld_spectral`) where it answers, else the dense one."""
-        value = self.sparse_epsilon(steps, delta) if SPARSE else None
-        return self.dense_epsilon(steps, delta) if value is None else value
+        """dp-accounting's ``self_compose(steps).get_epsilon_for_delta(delta)``, scanned at
+        ``delta`` less :meth:`rounding_mass` (so that the value bounds the exact composed PMF's,
+        whatever the floating-point rounding of the FFT did to the tail mass; inf where that bound
+        is not below ``delta``): the sparse scan (:mod:`dp.analysis.pld_spectral`) where it
+        answers, else the dense one."""
+        margin = self.rounding_mass(steps)
+        if not margin < delta:
+            return math.inf
+        value = self.sparse_epsilon(steps, delta - margin) if SPARSE else None
+        return self.dense_epsilon(steps, delta - margin) if value is None else value
+
+    def rounding_mass(self, steps: int) -> float:
+        """An upper bound on how far floating-point rounding moves the hockey-stick divergence of
+        the ``steps``-fold composed PMF the scans read, at every epsilon (a probability, >= 0).
+
+        With u the unit roundoff and eta = ``ROUNDING_ULPS`` u the error of one FFT stage (a
+        butterfly and a twiddle factor, Higham, *Accuracy and Stability of Numerical Algorithms*,
+        section 24.1), each coefficient of the computed rfft of the PMF is off by at most
+        e_F = eta (log2 N + 1) sum_j p_j <= eta (log2 N + 1) (a summation tree of that depth), so
+        F_k^T by at most T |F_k|^(T-1) e_F, plus the running power's multiplications (at most
+        ``EXACT_EVERY`` + 2 of relative eta) and the inverse FFT's own rounding: in all
+        |Delta_k| <= |F_k|^(T-1) eta ((T + 1)(log2 N + 1) + EXACT_EVERY + 2). The divergence
+        weighs each of the window's L points by a factor in [0, 1], so it moves by at most the
+        sum of the L points' errors, bounded two ways and the smaller taken: L max_i |e_i| <=
+        L (2 / N) sum_k |Delta_k|, and (Cauchy-Schwarz, then Parseval) sqrt(L) ||e||_2 <=
+        sqrt(L) sqrt(2 / N) (sum_k |Delta_k|^2)^(1/2). The scan's cumulative sums (terms <= 1) add
+        at most 2 L u. A scan at delta minus this bound returns an epsilon whose divergence under
+        the exact composed PMF is at most delta (docs/privacy.md, section 7: "FFT rounding
+        against a small delta")."""
+        lower, upper = self.bounds(steps)
+        length = upper - lower + 1
+        self._grid_for(length)
+        size = self.grid[0]
+        ordered = self._log_magnitudes()
+        exponent = max(steps - 1, 0)
+        if exponent:  # the terms above e^ROUNDING_FLOOR summed, each of the rest bounded by it
+            count = int(np.searchsorted(-ordered, -ROUNDING_FLOOR / exponent, side="left"))
+            top = np.exp(exponent * ordered[:count])
+            rest = ordered.size - count
+            linear = float(top.sum()) + rest * math.exp(ROUNDING_FLOOR)
+            square = float((top * top).sum()) + rest * math.exp(2 * ROUNDING_FLOOR)
+        else:
+            linear = square = float(ordered.size)
+        log_size = math.log2(size) + 1
+        per_coefficient = ROUNDING_ULPS * _U * ((steps + 1) * log_size + EXACT_EVERY + 2)
+        pointwise = length * 2 * linear / size * per_coefficient
+        in_norm = math.sqrt(length * 2 * square / size) * per_coefficient
+        return min(pointwise, in_norm) + 2 * length * _U
+
+    def _log_magnitudes(self) -> np.ndarray:
+        """log |F_k| of the grid's spectrum, largest first (once per grid)."""
+        cached = self.log_magnitudes
+        if cached is None or cached[0] != self.grid[0]:
+            with np.errstate(divide="ignore"):
+                ordered = -np.sort(-np.log(np.abs(self.grid[1])))
+            cached = self.log_magnitudes = (self.grid[0], ordered)
+        return cached[1]
 
     def sparse_epsilon(self, steps: int, delta: float) -> float | None:
         """The sparse scan's epsilon, or None where it does not answer (then the dense scan must;
