@@ -113,7 +113,8 @@ class _RunningPMF:
         self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
         self.sparse: SparseSpectrum | None = None  # the kept coefficients of this grid
         self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
-        self.log_magnitudes: tuple[int, np.ndarray] | None = None  # (N, log |F_k| largest first)
+        self.last_bounds: tuple[int, tuple[int, int]] = (0, (0, 0))  # (steps, bounds(steps))
+        self.log_magnitudes: tuple[int, np.ndarray] | None = None  # (N, -log |F_k| ascending)
         self.version = 0  # counts the (re)allocations of the arrays above (the cache's memory check)
 
     @property
@@ -126,7 +127,16 @@ class _RunningPMF:
 
     def bounds(self, steps: int) -> tuple[int, int]:
         """``common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)`` from cached moments
-        (the same floating-point operations, vectorised over the orders of each sign)."""
+        (the same floating-point operations, vectorised over the orders of each sign); the last
+        answer is kept (a query asks for the same steps twice)."""
+        last = self.last_bounds
+        if last[0] == steps:
+            return last[1]
+        answer = self._bounds(steps)
+        self.last_bounds = (steps, answer)
+        return answer
+
+    def _bounds(self, steps: int) -> tuple[int, int]:
         upper, lower = (self.probs.size - 1) * steps, 0
         (positive, log_positive), (negative, log_negative) = self.moments
         high = ((steps * log_positive + _LOG_TAIL) / positive).min()
@@ -248,8 +258,8 @@ class _RunningPMF:
         ordered = self._log_magnitudes()
         exponent = max(steps - 1, 0)
         if exponent:  # the terms above e^ROUNDING_FLOOR summed, each of the rest bounded by it
-            count = int(np.searchsorted(-ordered, -ROUNDING_FLOOR / exponent, side="left"))
-            top = np.exp(exponent * ordered[:count])
+            count = int(np.searchsorted(ordered, -ROUNDING_FLOOR / exponent, side="left"))
+            top = np.exp(-exponent * ordered[:count])
             rest = ordered.size - count
             linear = float(top.sum()) + rest * math.exp(ROUNDING_FLOOR)
             square = float((top * top).sum()) + rest * math.exp(2 * ROUNDING_FLOOR)
@@ -262,11 +272,11 @@ class _RunningPMF:
         return min(pointwise, in_norm) + 2 * length * _U
 
     def _log_magnitudes(self) -> np.ndarray:
-        """log |F_k| of the grid's spectrum, largest first (once per grid)."""
+        """-log |F_k| of the grid's spectrum, ascending (the largest |F_k| first; once per grid)."""
         cached = self.log_magnitudes
         if cached is None or cached[0] != self.grid[0]:
             with np.errstate(divide="ignore"):
-                ordered = -np.sort(-np.log(np.abs(self.grid[1])))
+                ordered = np.sort(-np.log(np.abs(self.grid[1])))
             cached = self.log_magnitudes = (self.grid[0], ordered)
         return cached[1]
 
