@@ -25,7 +25,9 @@ def test_the_sum_of_t_skellam_shares_has_the_target_variance():
     draws = [s.draw(100_000) for s in shares]
     assert all(int(d.min()) >= 0 and int(d.max()) <= s.slack for d, s in zip(draws, shares, strict=True))
     total = sum(d - s.offset for d, s in zip(draws, shares, strict=True))
-    assert abs(total.mean()) < 5 and abs(total.var() / target - 1) < 0.02
+    # OS randomness: the mean's standard error is sqrt(target / 100,000) = 1.58, so 8 is 5 of them
+    # (a false failure once in 1.7 million runs; 5 was 3.2, once in 630); the variance's is 0.0045
+    assert abs(total.mean()) < 8 and abs(total.var() / target - 1) < 0.02
 
 
 def _updates(n, length, seed=0):
