@@ -53,7 +53,7 @@ def epsilon_at(events: Sequence[Event], delta: float, discretisation: float, *,
     dp-accounting from scratch (:func:`epsilon_at_from_scratch`). ``levels`` (discretisation ->
     (remove, add) epsilons, filled in here) lets the running engine skip the neighbour direction
     that a nested discretisation ten times coarser already bounds below the other one."""
-    if len(events) == 1 and isinstance(events[0], GaussianEvent) and events[0].sample_rate < 1:
+    if on_running_engine(events):
         event = events[0]
         bounds = (math.inf, math.inf)
         for coarser, values in (levels or {}).items():
@@ -65,6 +65,12 @@ def epsilon_at(events: Sequence[Event], delta: float, discretisation: float, *,
             levels[discretisation] = values
         return max(values) + RUNNING_MARGIN
     return epsilon_at_from_scratch(events, delta, discretisation)
+
+
+def on_running_engine(events: Sequence[Event]) -> bool:
+    """Whether :func:`epsilon_at` answers ``events`` from the cached running engine (one
+    subsampled Gaussian event, q < 1) rather than dp-accounting from scratch."""
+    return len(events) == 1 and isinstance(events[0], GaussianEvent) and events[0].sample_rate < 1
 
 
 def epsilon_at_from_scratch(events: Sequence[Event], delta: float, discretisation: float) -> float:
@@ -93,6 +99,7 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
     previous = math.inf
     value = math.inf
     finite: list[float] = []
+    running = not from_scratch and on_running_engine(events)
     for discretisation in discretisations():
         value = (epsilon_at_from_scratch(events, delta, discretisation) if from_scratch
                  else epsilon_at(events, delta, discretisation, levels=levels))
@@ -100,10 +107,21 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
             return min(finite)
         if math.isfinite(value):
             finite.append(value)
-        if abs(previous - value) <= AGREEMENT:
+        if abs(previous - value) <= agreement(previous, value, running):
             break
         previous = value
     return value
+
+
+def agreement(previous: float, value: float, running: bool) -> float:
+    """How close two successive levels must be to end the refinement: ``AGREEMENT``, widened for
+    the running engine by how far its values may lie above dp-accounting's (2 RUNNING_MARGIN +
+    ROUNDING_ALLOWANCE epsilon), so that it never refines past the level where dp-accounting
+    would stop (where it would, it reported a finer level's value, up to 1e-4 lower: session-7
+    review). It may stop one level earlier than dp-accounting, reporting a coarser value."""
+    if not running:
+        return AGREEMENT
+    return AGREEMENT + 2 * RUNNING_MARGIN + ROUNDING_ALLOWANCE * max(previous, value)
 
 
 def to_dp_event(event: GaussianEvent) -> dp_accounting.DpEvent:
