@@ -119,7 +119,7 @@ def agreement(previous: float, value: float, running: bool) -> float:
     ROUNDING_ALLOWANCE epsilon), so that it never refines past the level where dp-accounting
     would stop (where it would, it reported a finer level's value, up to 1e-4 lower: session-7
     review). It may stop one level earlier than dp-accounting, reporting a coarser value."""
-    if not running:
+    if not (running and math.isfinite(previous) and math.isfinite(value)):
         return AGREEMENT
     return AGREEMENT + 2 * RUNNING_MARGIN + ROUNDING_ALLOWANCE * max(previous, value)
 
