@@ -575,7 +575,7 @@ class _Unmask(_Stage):
         start = time.perf_counter()
         correction = shared_pool(r.workers).partial_sum(
             jobs, session=r.session, round_index=r.round_index, length=length,
-            modulus_bits=r.encoder.modulus_bits)
+            modulus_bits=r.encoder.modulus_bits, profile=r.profile)
         r.profile["keys"] = time.perf_counter() - start
         if short is not None:
             raise short
