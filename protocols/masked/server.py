@@ -45,6 +45,7 @@ from fedsec.protocols.masked.keys import (
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
 from fedsec.protocols.masked.workers import (
+    DeferredHashes,
     DeferredSignatures,
     Job,
     KeyJob,
@@ -430,6 +431,8 @@ class _Unmask(_Stage):
         self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._committed: tuple[np.ndarray, np.ndarray] | None = None
         self._points: tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray] | None = None
+        self.hashes: DeferredHashes | None = None
+        """With worker processes: the answers whose share hashes are computed meanwhile."""
 
     def outgoing(self) -> dict[int, bytes]:
         r = self.r
@@ -473,18 +476,33 @@ class _Unmask(_Stage):
         graph = r.graph
         at = graph.positions(owners)
         xs = graph.x_at(at, graph.position(sender))
-        hashes = self.hasher.digest_rows(owners, xs, kind, points)
+        if r.workers > 1:  # hashed by the pool and the server meanwhile; checked at the stage's end
+            if self.hashes is None:
+                self.hashes = DeferredHashes(shared_pool(r.workers), session=r.session,
+                                             round_index=r.round_index)
+            self.hashes.add((sender, owners, at, kind, xs, points), (owners, xs, kind, points))
+            return
+        self._take(sender, owners, at, kind, xs, points, self.hasher.digest_rows(owners, xs, kind, points))
+
+    def _take(self, sender: int, owners: np.ndarray, at: np.ndarray, kind: np.ndarray, xs: np.ndarray,
+              points: np.ndarray, hashes: np.ndarray) -> None:
+        """Keep the shares of ``sender``'s answer whose hash matches its owner's commitment; a share
+        that does not is left out and its holder listed as misbehaving."""
         table, rows = self._commitments()
         committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
         good = (hashes == committed).all(axis=1)
         if not good.all():
             owner = int(owners[int(np.flatnonzero(~good)[-1])])
-            r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+            self.r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
         self.taken.append((at[good], kind[good], xs[good], points[good]))
 
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
         """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
         slice, and the sorted x-coordinates and share bytes."""
+        if self.hashes is not None:  # every answer's hashes, then the shares whose hash matched
+            answers, self.hashes = self.hashes.finish(), None
+            for answer, hashes in answers:
+                self._take(*answer, hashes)  # type: ignore[misc]
         if self._points is None:
             if self.taken:
                 at, kinds, xs, values = (np.concatenate(part) for part in zip(*self.taken, strict=True))
@@ -570,8 +588,10 @@ class _Unmask(_Stage):
         first abort as :meth:`_expand`)."""
         r = self.r
         start = time.perf_counter()
+        self._group()  # the deferred share hashes checked (WorkerError if a worker failed)
+        r.profile["hashes"] = time.perf_counter() - start
         jobs, short = self._jobs()
-        r.profile["secrets"] = time.perf_counter() - start  # gathering the shares into jobs
+        r.profile["secrets"] = time.perf_counter() - start - r.profile["hashes"]  # the shares into jobs
         start = time.perf_counter()
         correction = shared_pool(r.workers).partial_sum(
             jobs, session=r.session, round_index=r.round_index, length=length,

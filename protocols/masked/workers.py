@@ -42,7 +42,7 @@ from typing import NoReturn
 
 import numpy as np
 from fedsec.protocols.errors import ProtocolAbort
-from fedsec.protocols.masked.keys import mask_key, self_mask_key
+from fedsec.protocols.masked.keys import COMMITMENT_BYTES, ShareHasher, mask_key, self_mask_key
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.errors import CryptoError, SecAggError
@@ -52,6 +52,8 @@ MAX_WORKERS = 64
 """The largest ``workers`` value accepted (processes, the server's own included)."""
 SIGNATURE_BATCH = 64
 """Signature checks sent to a worker at a time."""
+HASH_BATCH = 32
+"""Unmask answers whose share hashes are sent to a worker at a time."""
 IN_FLIGHT = 2
 """Batches of work (signature checks, unmask jobs) each worker process holds at a time: one it
 computes, one waiting, so that it never idles until the server's next hand-off."""
@@ -349,6 +351,94 @@ class DeferredSignatures:
         # Dropped, not cancelled: the pool is broken, and its manager thread fails every pending
         # future itself (on Python 3.11 it raises InvalidStateError on one already cancelled).
         self._sent, self._pending, self._local = [], [], []
+
+
+ShareRows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""One unmask answer's shares: owners (uint64), x-coordinates, kinds (int64), shares (n x 33 uint8)."""
+
+
+def hash_rows(session: bytes, round_index: int, answers: Sequence[ShareRows]) -> bytes:
+    """The share hashes (:func:`protocols.masked.keys.share_hash`) of every share of ``answers``, 32
+    bytes each, in order. Runs in a worker process or in the server's own."""
+    if not answers:
+        return b""
+    owners, xs, kinds, shares = (np.concatenate(column) for column in zip(*answers, strict=True))
+    return ShareHasher(session, round_index).digest_rows(owners, xs, kinds, shares).tobytes()
+
+
+class DeferredHashes:
+    """The share hashes of the unmask answers, computed by the pool's workers and the server while
+    the server reads the later answers (the same sharing as :class:`DeferredSignatures`: a batch of
+    ``batch`` answers goes to a worker while the workers hold fewer than :data:`IN_FLIGHT` batches
+    each, otherwise the server hashes it at once). :meth:`finish` hands back every answer's tag
+    with its hashes as an (n, 32) uint8 array, row i the hash of share i.
+    """
+
+    def __init__(self, pool: WorkerPool, *, session: bytes, round_index: int,
+                 batch: int | None = None) -> None:
+        self.pool, self.batch = pool, batch or HASH_BATCH
+        self.session, self.round_index = session, round_index
+        self._pending: list[tuple[object, ShareRows]] = []
+        self._done: list[tuple[list[tuple[object, ShareRows]], bytes | Future]] = []
+        self._room = IN_FLIGHT * (pool.workers - 1)
+        self._error: WorkerError | None = None
+
+    def add(self, tag: object, rows: ShareRows) -> None:
+        """Queue the hashes of one answer's shares."""
+        self._pending.append((tag, rows))
+        if len(self._pending) < self.batch:
+            return
+        batch, self._pending = self._pending, []
+        answers = [rows for _, rows in batch]
+        busy = sum(isinstance(done, Future) and not done.done() for _, done in self._done)
+        if self._error is None and busy < self._room:
+            try:
+                future = self.pool._submit(hash_rows, self.session, self.round_index, answers)
+                self._done.append((batch, future))
+                return
+            except WorkerError as error:  # raised by finish: never from the server's receive
+                self._error = error
+        self._done.append((batch, hash_rows(self.session, self.round_index, answers)))
+
+    def finish(self) -> list[tuple[object, np.ndarray]]:
+        """Every answer's (tag, hashes), in the order added.
+
+        Raises:
+            WorkerError: a worker died, answered something other than one hash per share, or did
+                not answer within :data:`HUNG_AFTER_S`.
+        """
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._done.append((batch, hash_rows(self.session, self.round_index, [rows for _, rows in batch])))
+        done, self._done = self._done, []
+        if self._error is not None:
+            raise self._error
+        out: list[tuple[object, np.ndarray]] = []
+        for batch, result in done:  # waited for, never cancelled (see DeferredSignatures.finish)
+            sizes = [len(rows[0]) for _, rows in batch]
+            if isinstance(result, Future):
+                result = _answer(self.pool, result)
+            if not isinstance(result, bytes) or len(result) != COMMITMENT_BYTES * sum(sizes):
+                self.pool._fail()
+                raise WorkerError("a worker process failed (not one hash per share); nothing released")
+            hashes = np.frombuffer(result, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES)
+            start = 0
+            for (tag, _), size in zip(batch, sizes, strict=True):
+                out.append((tag, hashes[start:start + size]))
+                start += size
+        return out
+
+
+def _answer(pool: WorkerPool, future: Future) -> object:
+    """A sent batch's answer, waited for at most :data:`HUNG_AFTER_S` (WorkerError otherwise)."""
+    try:
+        return future.result(timeout=HUNG_AFTER_S)
+    except TimeoutError:
+        why = f"no answer within {HUNG_AFTER_S:g} s"
+    except Exception as error:  # BrokenProcessPool, or anything the worker raised
+        why = type(error).__name__
+    pool._fail()
+    raise WorkerError(f"a worker process failed ({why}); nothing released")
 
 
 def _ready() -> int:

@@ -41,6 +41,7 @@ from tests.protocols.helpers import make_session
 from tests.protocols.test_masked_keys_and_shares import Rewriting, _dealing, _Silent
 
 BATCH = workers.SIGNATURE_BATCH
+HASHES = workers.HASH_BATCH
 ROLES = ("honest", "drop 2", "drop 3", "drop 4", "secret above 2^256", "wrong seed", "wrong mask key",
          "bad unmask share", "bad survivor signature", "bad key signature", "twice",
          "bad key signature, twice", "bad survivor signature, twice", "bad attestation",
@@ -137,6 +138,7 @@ def _replay(s, stages, *, workers: int):
        roles=st.lists(st.sampled_from(ROLES[1:]), min_size=0, max_size=4))
 def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(graph, seed, roles):
     workers.SIGNATURE_BATCH = 3  # small batches: most signature checks go to the worker
+    workers.HASH_BATCH = 2  # and the unmask answers' share hashes too
     s = make_session(10, length=9, graph=graph, seed=seed)
     ring = sorted(s.clients)
     chosen = {ring[(seed + 3 * i) % len(ring)]: role for i, role in enumerate(roles)}
@@ -144,7 +146,7 @@ def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(g
     try:
         single, pooled = _replay(s, stages, workers=1), _replay(s, stages, workers=2)
     finally:
-        workers.SIGNATURE_BATCH = BATCH
+        workers.SIGNATURE_BATCH, workers.HASH_BATCH = BATCH, HASHES
     assert single[:3] == pooled[:3]
     # The recording server (one process) ended the same way too.
     if s.server.abort_reason is not None:
