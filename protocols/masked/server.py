@@ -496,13 +496,30 @@ class _Unmask(_Stage):
             self.r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
         self.taken.append((at[good], kind[good], xs[good], points[good]))
 
+    def _take_all(self, answers: list[tuple[object, np.ndarray]]) -> None:
+        """:meth:`_take` for every answer at once: (sender, owners, at, kinds, xs, points) and its
+        hashes, in arrival order."""
+        if not answers:
+            return
+        parts = [tag for tag, _ in answers]
+        senders = np.repeat([p[0] for p in parts], [len(p[1]) for p in parts])
+        owners, at, kind, xs, points = (np.concatenate([p[i] for p in parts]) for i in range(1, 6))
+        hashes = np.concatenate([h for _, h in answers]).view(np.uint64)  # 32 bytes as 4 words
+        table, rows = self._commitments()
+        flat = rows[at] * table.shape[1] + (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind
+        committed = np.take(table.reshape(-1, table.shape[2]).view(np.uint64), flat, axis=0)
+        good = (hashes == committed).all(axis=1)
+        for i in np.flatnonzero(~good).tolist():  # a holder's last bad share names the owner, as in _take
+            self.r.misbehaved[int(senders[i])] = (f"a share of client {int(owners[i])}'s secret does not "
+                                                  "match its commitment")
+        self.taken.append((at[good], kind[good], xs[good], points[good]))
+
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
         """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
         slice, and the sorted x-coordinates and share bytes."""
         if self.hashes is not None:  # every answer's hashes, then the shares whose hash matched
             answers, self.hashes = self.hashes.finish(), None
-            for answer, hashes in answers:
-                self._take(*answer, hashes)  # type: ignore[misc]
+            self._take_all(answers)
         if self._points is None:
             if self.taken:
                 at, kinds, xs, values = (np.concatenate(part) for part in zip(*self.taken, strict=True))
