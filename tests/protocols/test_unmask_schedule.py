@@ -14,12 +14,15 @@ left out.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 from fedsec.protocols.errors import ProtocolAbort
 from fedsec.protocols.masked import workers
-from fedsec.protocols.masked.keys import mask_key, self_mask_key
-from fedsec.protocols.masked.workers import KeyJob, Schedule, SeedJob, job_cost, shared_pool
+from fedsec.protocols.masked.keys import mask_key, self_mask_key, share_hash
+from fedsec.protocols.masked.workers import KeyJob, Schedule, SeedJob, WorkerError, job_cost, shared_pool
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.errors import CryptoError, SecAggError
@@ -158,3 +161,36 @@ def test_a_round_sized_mix_of_jobs_gives_the_sequential_sum(share, held):
         total = shared_pool(2).partial_sum(jobs, session=SESSION, round_index=ROUND, length=LENGTH,
                                            modulus_bits=BITS)
     assert _sequential(jobs) == ("done", (total & np.uint32(2**BITS - 1)).tobytes())
+
+
+@pytest.mark.slow  # starts a worker process, stops it
+def test_a_hung_worker_hashing_shares_is_a_typed_abort(monkeypatch):
+    monkeypatch.setattr(workers, "HUNG_AFTER_S", 1.0)
+    workers.close_pools()
+    pool = shared_pool(2)
+    (pid,) = pool.warm()
+    rows = (np.array([7], dtype=np.uint64), np.array([1]), np.array([0]), np.zeros((1, 33), dtype=np.uint8))
+    hashes = workers.DeferredHashes(pool, session=SESSION, round_index=ROUND, batch=1)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        hashes.add("answer", rows)
+        with pytest.raises(WorkerError, match="no answer within"):
+            hashes.finish()
+        assert pool.broken and shared_pool(2) is not pool  # the next round gets a fresh pool
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        workers.close_pools()
+
+
+def test_share_hashes_computed_in_batches_equal_the_share_hash_of_each_share():
+    rng = np.random.default_rng(4)
+    answers = [(rng.integers(1, 2**40, n).astype(np.uint64), rng.integers(1, 100, n), rng.integers(0, 2, n),
+                rng.integers(0, 256, (n, 33)).astype(np.uint8)) for n in (0, 1, 5, 96)]
+    digests = workers.hash_rows(SESSION, ROUND, answers)
+    expected = b"".join(share_hash(SESSION, ROUND, int(o), int(x), int(k), s.tobytes())
+                        for owners, xs, kinds, shares in answers
+                        for o, x, k, s in zip(owners, xs, kinds, shares, strict=True))
+    assert digests == expected and workers.hash_rows(SESSION, ROUND, []) == b""
