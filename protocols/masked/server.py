@@ -728,9 +728,13 @@ class MaskedServer:
         deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
         the masks of the keys already derived) and expanding the masks still left once every key
         is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
-        before the round completes. With ``workers`` > 1: ``secrets`` is gathering the shares into
-        jobs, ``keys`` the whole parallel part (rebuilding, agreements, masks, in every process)
-        and ``masks`` adding the correction into the total."""
+        before the round completes. With ``workers`` > 1: ``hashes`` is collecting the unmask
+        answers' share hashes (computed meanwhile by the workers and this process) and checking
+        them against the commitments, ``secrets`` gathering the shares into jobs, ``keys`` the
+        whole parallel part (rebuilding, agreements, masks, in every process), of which
+        ``own_slice`` this process computing jobs and ``wait`` waiting for the workers' last
+        chunks, ``own_share`` the part of the jobs' cost this process computed (in [0, 1]), and
+        ``masks`` adding the correction into the total."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:

@@ -6,21 +6,28 @@ secrets from shares, the key agreements, expanding every mask) only goes faster 
 
 The unmask stage (:class:`protocols.masked.server.MaskedServer` with ``workers`` > 1) cuts its work
 into jobs, one per secret it must rebuild (a survivor's self-mask seed; a dropped client's mask key
-with the pairwise masks it shared with survivors), deals them into ``workers`` disjoint slices of
-about equal cost, computes one slice itself and sends each other slice to a worker process of an
-:class:`WorkerPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
-or uint64 words, sign * mask added mod 2^word) or the first job of its slice that failed (index
-and abort reason); the server adds the partial sums. Addition mod 2^word commutes, so the total is
-bit for bit the single-process one; a failure is reported for the smallest failed job index, the
-abort the single-process path raises first.
+with the pairwise masks it shared with survivors), and shares them by a :class:`Schedule`: costliest
+first, each worker process of a :class:`WorkerPool` holding up to :data:`IN_FLIGHT` chunks of a
+shrinking size, the server taking one job at a time from the same list meanwhile. Each chunk comes
+back as the raw bytes of its partial sum (a vector of uint32 or uint64 words, sign * mask added mod
+2^word) or the first job of the chunk that failed (index and abort reason); the server adds the
+partial sums into its own. Addition mod 2^word commutes, so the total is bit for bit the
+single-process one; a failure is reported for the smallest failed job index, the abort the
+single-process path raises first (every job is computed, by one side, whatever fails).
+
+Before that, the same pool verifies the stages' Ed25519 signatures (:class:`DeferredSignatures`)
+and hashes the unmask answers' shares (:class:`DeferredHashes`) in batches while the server reads
+the later answers; a batch the workers have no room for is computed by the server at once.
 
 What travels: the jobs go from the server to its own worker processes (the shares the server
-took, already checked against their commitments, and public keys), pickled by the server; what
-comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
-pair, never an object a peer could shape. A worker that dies, answers anything else, or does not
-answer within its deadline (:data:`HUNG_AFTER_S`; its processes are then killed) raises
-:class:`WorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
-never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
+took, already checked against their commitments, and public keys), and so do the signatures and
+shares to check (values the server received), pickled by the server; what comes back is a
+fixed-size byte string read with ``numpy.frombuffer`` (a partial sum; 32 bytes a share hash; one
+byte a signature verdict) and a (job index, reason) pair, never an object a peer could shape. A
+worker that dies, answers anything else, or does not answer within its deadline
+(:data:`HUNG_AFTER_S`; its processes are then killed) raises :class:`WorkerError` (a
+:class:`protocols.errors.ProtocolAbort`: the round releases nothing, never a partial sum) and the
+broken pool is dropped, so the next round starts a fresh one.
 
 Pools are shared: :func:`shared_pool` keeps one pool per size for the process's lifetime (its
 workers are spawned once, then reused by every round), shut down at exit or by :func:`close_pools`.
@@ -99,22 +106,10 @@ Job = SeedJob | KeyJob
 
 
 def job_cost(job: Job) -> float:
-    """Relative cost of a job in units of one mask expansion (for dealing slices)."""
+    """Relative cost of a job in units of one mask expansion (for the :class:`Schedule`)."""
     if isinstance(job, SeedJob):
         return 1.3
     return 1.5 + 1.5 * len(job.partners)
-
-
-def deal(jobs: Sequence[Job], parts: int) -> list[list[int]]:
-    """Job indices dealt into ``parts`` slices of about equal cost (largest first, each to the
-    lightest slice), each slice ascending."""
-    loads = [0.0] * parts
-    slices: list[list[int]] = [[] for _ in range(parts)]
-    for index in sorted(range(len(jobs)), key=lambda i: -job_cost(jobs[i])):
-        lightest = loads.index(min(loads))
-        slices[lightest].append(index)
-        loads[lightest] += job_cost(jobs[index])
-    return [sorted(s) for s in slices]
 
 
 class Schedule:
