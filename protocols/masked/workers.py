@@ -251,14 +251,18 @@ class DeferredSignatures:
 
     Checks are taken in batches of ``batch``. A full batch goes to a worker while the workers hold
     fewer than :data:`IN_FLIGHT` batches each (one verifying, one waiting, so a worker never waits
-    for the server's next hand-off); otherwise the server verifies it itself at once. The two sides
-    thus share the checks in proportion to their speed. At the end the server verifies the last
-    partial batch itself and waits for the batches sent.
+    for the server's next hand-off); otherwise it waits in a queue for the next free place, and a
+    batch beyond :data:`IN_FLIGHT` queued ones the server verifies itself at once (which bounds the
+    payloads held). At the end the server verifies the queued batches itself, newest first, while
+    the workers verify the ones they hold and take the oldest queued ones as places free up, and
+    the last partial batch; then it waits for the batches sent.
     """
 
     def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
         self.pool, self.batch = pool, batch or SIGNATURE_BATCH
         self._pending: list[tuple[int, object, Check]] = []
+        self._queued: list[list[tuple[int, object, Check]]] = []
+        """Full batches waiting for a place in a worker, oldest first."""
         self._local: list[tuple[int, object, bool]] = []
         """Verified by the server itself, not yet handed back."""
         self._sent: list[tuple[list[tuple[int, object]], list[Check], Future]] = []
@@ -274,15 +278,23 @@ class DeferredSignatures:
         batch, self._pending = self._pending, []
         if self._error is not None:
             return
-        if sum(not future.done() for _, _, future in self._sent) >= self._room:
-            self._local += self._here(batch)
-            return
-        tagged = [(c, payload) for c, payload, _ in batch]
-        items = [item for _, _, item in batch]
-        try:
-            self._sent.append((tagged, items, self.pool._submit(verify_batch, items)))
-        except WorkerError as error:  # raised by ready/finish: never from the server's receive
-            self._error = error
+        self._queued.append(batch)
+        self._send()
+        if len(self._queued) > IN_FLIGHT:
+            self._local += self._here(self._queued.pop())
+
+    def _send(self) -> None:
+        """Hand the oldest queued batches to the workers while they have room."""
+        while self._queued and self._error is None:
+            if sum(not future.done() for _, _, future in self._sent) >= self._room:
+                return
+            batch = self._queued.pop(0)
+            tagged = [(c, payload) for c, payload, _ in batch]
+            items = [item for _, _, item in batch]
+            try:
+                self._sent.append((tagged, items, self.pool._submit(verify_batch, items)))
+            except WorkerError as error:  # raised by ready/finish: never from the server's receive
+                self._error = error
 
     @staticmethod
     def _here(batch: list[tuple[int, object, Check]]) -> list[tuple[int, object, bool]]:
@@ -300,6 +312,7 @@ class DeferredSignatures:
                 out += self._verdicts(tagged, future)
         except WorkerError as error:  # raised by finish: never from the server's receive
             self._error = error
+        self._send()
         return out
 
     def finish(self) -> list[tuple[int, object, bool]]:
@@ -308,6 +321,13 @@ class DeferredSignatures:
         Raises:
             WorkerError: a worker died or answered something other than one verdict per check.
         """
+        if self._error is not None:
+            self._drop()
+            raise self._error
+        while self._queued and self._error is None:  # the workers take the oldest, the server the newest
+            self._send()
+            if self._queued:
+                self._local += self._here(self._queued.pop())
         if self._error is not None:
             self._drop()
             raise self._error
@@ -345,7 +365,7 @@ class DeferredSignatures:
     def _drop(self) -> None:
         # Dropped, not cancelled: the pool is broken, and its manager thread fails every pending
         # future itself (on Python 3.11 it raises InvalidStateError on one already cancelled).
-        self._sent, self._pending, self._local = [], [], []
+        self._sent, self._pending, self._local, self._queued = [], [], [], []
 
 
 ShareRows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
