@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +30,9 @@ from fedsec.secagg.errors import CryptoError, SecAggError
 from fedsec.secagg.prg import MaskExpander
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.protocols.helpers import make_session
+from tests.protocols.test_unmask_workers import _play, _replay
 
 SESSION, ROUND, LENGTH, BITS, T = bytes(range(16)), 3, 7, 12, 3
 KINDS = ("seed", "seed above 2^256", "key", "key above 2^256", "key inconsistent")
@@ -194,3 +198,14 @@ def test_share_hashes_computed_in_batches_equal_the_share_hash_of_each_share():
                         for owners, xs, kinds, shares in answers
                         for o, x, k, s in zip(owners, xs, kinds, shares, strict=True))
     assert digests == expected and workers.hash_rows(SESSION, ROUND, []) == b""
+
+
+@pytest.mark.slow  # starts a worker process (once per test session)
+def test_a_pooled_server_restores_the_switch_interval_after_each_call_and_an_abort():
+    s = make_session(9, length=30, graph="harary", seed=5)
+    stages = _play(s, {sorted(s.clients)[2]: "drop 2", sorted(s.clients)[4]: "wrong mask key"})
+    assert s.server.abort_reason is not None  # the reconstruction aborts at the unmask stage
+    before = sys.getswitchinterval()
+    ending, _, _, _ = _replay(s, stages, workers=2)
+    assert ending == ("aborted", s.server.abort_reason)
+    assert sys.getswitchinterval() == before
