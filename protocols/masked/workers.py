@@ -427,7 +427,7 @@ class DeferredHashes:
             self._done.append((batch, hash_rows(self.session, self.round_index, [rows for _, rows in batch])))
         done, self._done = self._done, []
         if self._error is not None:
-            raise self._error
+            raise WorkerError(f"unmask: {self._error}")
         out: list[tuple[object, np.ndarray]] = []
         for batch, result in done:  # waited for, never cancelled (see DeferredSignatures.finish)
             sizes = [len(rows[0]) for _, rows in batch]
@@ -435,7 +435,8 @@ class DeferredHashes:
                 result = _answer(self.pool, result)
             if not isinstance(result, bytes) or len(result) != COMMITMENT_BYTES * sum(sizes):
                 self.pool._fail()
-                raise WorkerError("a worker process failed (not one hash per share); nothing released")
+                raise WorkerError("unmask: a worker process failed (not one hash per share); nothing "
+                                  "released")
             hashes = np.frombuffer(result, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES)
             start = 0
             for (tag, _), size in zip(batch, sizes, strict=True):
@@ -445,7 +446,8 @@ class DeferredHashes:
 
 
 def _answer(pool: WorkerPool, future: Future) -> object:
-    """A sent batch's answer, waited for at most :data:`HUNG_AFTER_S` (WorkerError otherwise)."""
+    """A sent batch of share hashes' answer, waited for at most :data:`HUNG_AFTER_S` (WorkerError
+    otherwise)."""
     try:
         return future.result(timeout=HUNG_AFTER_S)
     except TimeoutError:
@@ -453,7 +455,7 @@ def _answer(pool: WorkerPool, future: Future) -> object:
     except Exception as error:  # BrokenProcessPool, or anything the worker raised
         why = type(error).__name__
     pool._fail()
-    raise WorkerError(f"a worker process failed ({why}); nothing released")
+    raise WorkerError(f"unmask: a worker process failed ({why}); nothing released")
 
 
 def _ready() -> int:
