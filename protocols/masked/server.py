@@ -45,6 +45,7 @@ from fedsec.protocols.masked.keys import (
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
 from fedsec.protocols.masked.workers import (
+    DeferredHashes,
     DeferredSignatures,
     Job,
     KeyJob,
@@ -56,7 +57,7 @@ from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.errors import CryptoError, SecAggError
-from fedsec.secagg.prg import MaskSum
+from fedsec.secagg.prg import MaskSum, quick_switches
 
 KEY_SIGNATURE = "key signature does not verify"
 SURVIVOR_SIGNATURE = "survivor signature does not verify"
@@ -430,6 +431,8 @@ class _Unmask(_Stage):
         self.taken: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._committed: tuple[np.ndarray, np.ndarray] | None = None
         self._points: tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray] | None = None
+        self.hashes: DeferredHashes | None = None
+        """With worker processes: the answers whose share hashes are computed meanwhile."""
 
     def outgoing(self) -> dict[int, bytes]:
         r = self.r
@@ -473,18 +476,50 @@ class _Unmask(_Stage):
         graph = r.graph
         at = graph.positions(owners)
         xs = graph.x_at(at, graph.position(sender))
-        hashes = self.hasher.digest_rows(owners, xs, kind, points)
+        if r.workers > 1:  # hashed by the pool and the server meanwhile; checked at the stage's end
+            if self.hashes is None:
+                self.hashes = DeferredHashes(shared_pool(r.workers), session=r.session,
+                                             round_index=r.round_index)
+            self.hashes.add((sender, owners, at, kind, xs, points), (owners, xs, kind, points))
+            return
+        self._take(sender, owners, at, kind, xs, points, self.hasher.digest_rows(owners, xs, kind, points))
+
+    def _take(self, sender: int, owners: np.ndarray, at: np.ndarray, kind: np.ndarray, xs: np.ndarray,
+              points: np.ndarray, hashes: np.ndarray) -> None:
+        """Keep the shares of ``sender``'s answer whose hash matches its owner's commitment; a share
+        that does not is left out and its holder listed as misbehaving."""
         table, rows = self._commitments()
         committed = table[rows[at], (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind]
         good = (hashes == committed).all(axis=1)
         if not good.all():
             owner = int(owners[int(np.flatnonzero(~good)[-1])])
-            r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+            self.r.misbehaved[sender] = f"a share of client {owner}'s secret does not match its commitment"
+        self.taken.append((at[good], kind[good], xs[good], points[good]))
+
+    def _take_all(self, answers: list[tuple[object, np.ndarray]]) -> None:
+        """:meth:`_take` for every answer at once: (sender, owners, at, kinds, xs, points) and its
+        hashes, in arrival order."""
+        if not answers:
+            return
+        parts = [tag for tag, _ in answers]
+        senders = np.repeat([p[0] for p in parts], [len(p[1]) for p in parts])
+        owners, at, kind, xs, points = (np.concatenate([p[i] for p in parts]) for i in range(1, 6))
+        hashes = np.concatenate([h for _, h in answers]).view(np.uint64)  # 32 bytes as 4 words
+        table, rows = self._commitments()
+        flat = rows[at] * table.shape[1] + (xs - 1) * m.SHARE_HASHES_PER_HOLDER + kind
+        committed = np.take(table.reshape(-1, table.shape[2]).view(np.uint64), flat, axis=0)
+        good = (hashes == committed).all(axis=1)
+        for i in np.flatnonzero(~good).tolist():  # a holder's last bad share names the owner, as in _take
+            self.r.misbehaved[int(senders[i])] = (f"a share of client {int(owners[i])}'s secret does not "
+                                                  "match its commitment")
         self.taken.append((at[good], kind[good], xs[good], points[good]))
 
     def _group(self) -> tuple[dict[int, tuple[int, int]], np.ndarray, np.ndarray]:
         """The shares taken, sorted by (owner, kind, x) once: (owner ring index * 2 + kind) -> its
         slice, and the sorted x-coordinates and share bytes."""
+        if self.hashes is not None:  # every answer's hashes, then the shares whose hash matched
+            answers, self.hashes = self.hashes.finish(), None
+            self._take_all(answers)
         if self._points is None:
             if self.taken:
                 at, kinds, xs, values = (np.concatenate(part) for part in zip(*self.taken, strict=True))
@@ -570,12 +605,14 @@ class _Unmask(_Stage):
         first abort as :meth:`_expand`)."""
         r = self.r
         start = time.perf_counter()
+        self._group()  # the deferred share hashes checked (WorkerError if a worker failed)
+        r.profile["hashes"] = time.perf_counter() - start
         jobs, short = self._jobs()
-        r.profile["secrets"] = time.perf_counter() - start  # gathering the shares into jobs
+        r.profile["secrets"] = time.perf_counter() - start - r.profile["hashes"]  # the shares into jobs
         start = time.perf_counter()
         correction = shared_pool(r.workers).partial_sum(
             jobs, session=r.session, round_index=r.round_index, length=length,
-            modulus_bits=r.encoder.modulus_bits)
+            modulus_bits=r.encoder.modulus_bits, profile=r.profile)
         r.profile["keys"] = time.perf_counter() - start
         if short is not None:
             raise short
@@ -691,9 +728,13 @@ class MaskedServer:
         deriving the mask keys (``keys``: key agreement and HKDF; worker threads meanwhile expand
         the masks of the keys already derived) and expanding the masks still left once every key
         is derived, into the total (``masks``: AES-CTR and the additions, on every thread); empty
-        before the round completes. With ``workers`` > 1: ``secrets`` is gathering the shares into
-        jobs, ``keys`` the whole parallel part (rebuilding, agreements, masks, in every process)
-        and ``masks`` adding the correction into the total."""
+        before the round completes. With ``workers`` > 1: ``hashes`` is collecting the unmask
+        answers' share hashes (computed meanwhile by the workers and this process) and checking
+        them against the commitments, ``secrets`` gathering the shares into jobs, ``keys`` the
+        whole parallel part (rebuilding, agreements, masks, in every process), of which
+        ``own_slice`` this process computing jobs and ``wait`` waiting for the workers' last
+        chunks, ``own_share`` the part of the jobs' cost this process computed (in [0, 1]), and
+        ``masks`` adding the correction into the total."""
         return dict(self._round.profile)
 
     def outgoing(self) -> dict[int, bytes]:
@@ -704,6 +745,13 @@ class MaskedServer:
 
     def receive(self, sender: int, data: bytes) -> None:
         """Take one client's answer. An invalid one removes the sender and is recorded."""
+        if self._round.workers > 1:  # the pool's hand-off threads get the GIL within 0.1 ms
+            with quick_switches():
+                self._receive(sender, data)
+            return
+        self._receive(sender, data)
+
+    def _receive(self, sender: int, data: bytes) -> None:
         stage = self._stage
         if sender in self._round.rejected or sender in self._round.ignored:
             return  # removed from the round, or spoiled an answer: nothing it sends is taken again
@@ -731,7 +779,11 @@ class MaskedServer:
         if self._stage is None:
             raise ProtocolAbort("the round is already complete")
         try:
-            self._stage = self._stage.close()
+            if self._round.workers > 1:  # the pool's hand-off threads get the GIL within 0.1 ms
+                with quick_switches():
+                    self._stage = self._stage.close()
+            else:
+                self._stage = self._stage.close()
         except ProtocolAbort as abort:
             self._stage = None
             self.abort_reason = str(abort)

@@ -6,21 +6,28 @@ secrets from shares, the key agreements, expanding every mask) only goes faster 
 
 The unmask stage (:class:`protocols.masked.server.MaskedServer` with ``workers`` > 1) cuts its work
 into jobs, one per secret it must rebuild (a survivor's self-mask seed; a dropped client's mask key
-with the pairwise masks it shared with survivors), deals them into ``workers`` disjoint slices of
-about equal cost, computes one slice itself and sends each other slice to a worker process of an
-:class:`WorkerPool`. Each worker answers with the raw bytes of its partial sum (a vector of uint32
-or uint64 words, sign * mask added mod 2^word) or the first job of its slice that failed (index
-and abort reason); the server adds the partial sums. Addition mod 2^word commutes, so the total is
-bit for bit the single-process one; a failure is reported for the smallest failed job index, the
-abort the single-process path raises first.
+with the pairwise masks it shared with survivors), and shares them by a :class:`Schedule`: costliest
+first, each worker process of a :class:`WorkerPool` holding up to :data:`IN_FLIGHT` chunks of a
+shrinking size, the server taking one job at a time from the same list meanwhile. Each chunk comes
+back as the raw bytes of its partial sum (a vector of uint32 or uint64 words, sign * mask added mod
+2^word) or the first job of the chunk that failed (index and abort reason); the server adds the
+partial sums into its own. Addition mod 2^word commutes, so the total is bit for bit the
+single-process one; a failure is reported for the smallest failed job index, the abort the
+single-process path raises first (every job is computed, by one side, whatever fails).
+
+Before that, the same pool verifies the stages' Ed25519 signatures (:class:`DeferredSignatures`)
+and hashes the unmask answers' shares (:class:`DeferredHashes`) in batches while the server reads
+the later answers; a batch the workers have no room for is computed by the server at once.
 
 What travels: the jobs go from the server to its own worker processes (the shares the server
-took, already checked against their commitments, and public keys), pickled by the server; what
-comes back is a fixed-size byte string read with ``numpy.frombuffer`` and a (job index, reason)
-pair, never an object a peer could shape. A worker that dies, answers anything else, or does not
-answer within its deadline (:data:`HUNG_AFTER_S`; its processes are then killed) raises
-:class:`WorkerError` (a :class:`protocols.errors.ProtocolAbort`: the round releases nothing,
-never a partial sum) and the broken pool is dropped, so the next round starts a fresh one.
+took, already checked against their commitments, and public keys), and so do the signatures and
+shares to check (values the server received), pickled by the server; what comes back is a
+fixed-size byte string read with ``numpy.frombuffer`` (a partial sum; 32 bytes a share hash; one
+byte a signature verdict) and a (job index, reason) pair, never an object a peer could shape. A
+worker that dies, answers anything else, or does not answer within its deadline
+(:data:`HUNG_AFTER_S`; its processes are then killed) raises :class:`WorkerError` (a
+:class:`protocols.errors.ProtocolAbort`: the round releases nothing, never a partial sum) and the
+broken pool is dropped, so the next round starts a fresh one.
 
 Pools are shared: :func:`shared_pool` keeps one pool per size for the process's lifetime (its
 workers are spawned once, then reused by every round), shut down at exit or by :func:`close_pools`.
@@ -42,7 +49,7 @@ from typing import NoReturn
 
 import numpy as np
 from fedsec.protocols.errors import ProtocolAbort
-from fedsec.protocols.masked.keys import mask_key, self_mask_key
+from fedsec.protocols.masked.keys import COMMITMENT_BYTES, ShareHasher, mask_key, self_mask_key
 from fedsec.secagg import keys as crypto
 from fedsec.secagg import shamir
 from fedsec.secagg.errors import CryptoError, SecAggError
@@ -52,6 +59,11 @@ MAX_WORKERS = 64
 """The largest ``workers`` value accepted (processes, the server's own included)."""
 SIGNATURE_BATCH = 64
 """Signature checks sent to a worker at a time."""
+HASH_BATCH = 32
+"""Unmask answers whose share hashes are sent to a worker at a time."""
+IN_FLIGHT = 2
+"""Batches of work (signature checks, unmask jobs) each worker process holds at a time: one it
+computes, one waiting, so that it never idles until the server's next hand-off."""
 HUNG_AFTER_S = 30.0
 """A worker that has not answered a job this many seconds after the server waits for it is hung
 (stopped, swapping, deadlocked: review S6-3): its pool is killed and the round aborts with
@@ -59,6 +71,8 @@ HUNG_AFTER_S = 30.0
 server's own slice took (slices are dealt at about equal cost), whichever is longer."""
 SLOW_FACTOR = 20.0
 """How many times the server's own unmask slice time a worker's slice may take before it is hung."""
+CHUNK_SHARE = 2.0
+"""A worker's next chunk of unmask jobs is ``1 / (CHUNK_SHARE * workers)`` of the cost left."""
 
 
 class WorkerError(ProtocolAbort):
@@ -92,22 +106,54 @@ Job = SeedJob | KeyJob
 
 
 def job_cost(job: Job) -> float:
-    """Relative cost of a job in units of one mask expansion (for dealing slices)."""
+    """Relative cost of a job in units of one mask expansion (for the :class:`Schedule`)."""
     if isinstance(job, SeedJob):
         return 1.3
     return 1.5 + 1.5 * len(job.partners)
 
 
-def deal(jobs: Sequence[Job], parts: int) -> list[list[int]]:
-    """Job indices dealt into ``parts`` slices of about equal cost (largest first, each to the
-    lightest slice), each slice ascending."""
-    loads = [0.0] * parts
-    slices: list[list[int]] = [[] for _ in range(parts)]
-    for index in sorted(range(len(jobs)), key=lambda i: -job_cost(jobs[i])):
-        lightest = loads.index(min(loads))
-        slices[lightest].append(index)
-        loads[lightest] += job_cost(jobs[index])
-    return [sorted(s) for s in slices]
+class Schedule:
+    """The order in which the server and its workers take the unmask jobs: the costliest first
+    (a dropped client's pairwise masks before the seeds), the workers in chunks of a shrinking size
+    (guided self-scheduling: a ``1 / (share * workers)`` part of the cost left, at least one job),
+    the server one job at a time from the same list. Whoever is faster takes more; the last jobs
+    are the cheapest, so the two sides end within about one seed expansion of each other.
+
+    Args:
+        jobs: the unmask jobs (only their costs are read).
+        workers: processes taking jobs, the server's included, >= 1.
+        share: the divisor of a worker's chunk, > 0 (larger: smaller chunks, more hand-offs);
+            default :data:`CHUNK_SHARE`.
+    """
+
+    def __init__(self, jobs: Sequence[Job], *, workers: int, share: float | None = None) -> None:
+        share = CHUNK_SHARE if share is None else share
+        if not share > 0:
+            raise ValueError(f"share must be > 0, got {share!r}")
+        costs = [job_cost(job) for job in jobs]
+        self._order = sorted(range(len(jobs)), key=lambda i: -costs[i])
+        self._costs, self._next = costs, 0
+        self._left = float(sum(costs))
+        self._divisor = share * max(workers, 1)
+
+    def __bool__(self) -> bool:
+        return self._next < len(self._order)
+
+    def take(self) -> int:
+        """The next job's index (IndexError when none is left)."""
+        index = self._order[self._next]
+        self._next += 1
+        self._left -= self._costs[index]
+        return index
+
+    def chunk(self) -> list[int]:
+        """A worker's next chunk: job indices, ascending (empty when none is left)."""
+        target, taken, out = self._left / self._divisor, 0.0, []
+        while self and (not out or taken + self._costs[self._order[self._next]] <= target):
+            index = self.take()
+            out.append(index)
+            taken += self._costs[index]
+        return sorted(out)
 
 
 def _secret(job: Job) -> bytes:
@@ -115,31 +161,68 @@ def _secret(job: Job) -> bytes:
     return shamir.combine_one(job.xs, [job.shares[i:i + size] for i in range(0, len(job.shares), size)])
 
 
-def run_slice(session: bytes, round_index: int, length: int, modulus_bits: int,
-              jobs: Sequence[tuple[int, Job]]) -> tuple[bytes, tuple[int, str] | None]:
-    """Run ``(index, job)`` pairs in order: the partial sum's raw bytes (``length`` words of the
-    modulus's word dtype) and None, or, at the first job that fails, empty bytes and (its index,
-    the abort reason). Runs in a worker process or in the server's own."""
-    expander = MaskExpander(length=length, modulus_bits=modulus_bits)
-    acc = np.zeros(length, dtype=word_dtype(modulus_bits))
-    for index, job in jobs:
+class SliceRunner:
+    """Runs unmask jobs into one accumulator (sign * mask added mod 2^word), remembering the
+    failed job of smallest index (a failed job adds nothing)."""
+
+    def __init__(self, session: bytes, round_index: int, length: int, modulus_bits: int,
+                 expander: MaskExpander | None = None, acc: np.ndarray | None = None) -> None:
+        self.session, self.round_index = session, round_index
+        self.expander = expander or MaskExpander(length=length, modulus_bits=modulus_bits)
+        self.acc = acc if acc is not None else np.zeros(length, dtype=word_dtype(modulus_bits))
+        self.failure: tuple[int, str] | None = None
+
+    def run(self, index: int, job: Job) -> None:
+        """Rebuild the job's secret and add its masks into the accumulator; on failure keep (index,
+        the abort reason) if it is the smallest index failed so far."""
+        failure = self._failure(job)
+        if failure is not None and (self.failure is None or index < self.failure[0]):
+            self.failure = (index, failure)
+
+    def _failure(self, job: Job) -> str | None:
         try:
             secret = _secret(job)
         except SecAggError:
-            return b"", (index, f"unmask: the shares of client {job.owner}'s secret do not rebuild a "
-                                "32-byte secret")
+            return f"unmask: the shares of client {job.owner}'s secret do not rebuild a 32-byte secret"
         if isinstance(job, SeedJob):
-            expander.add_into(self_mask_key(secret, session, round_index, job.owner), acc, sign=-1)
-            continue
+            self.expander.add_into(self_mask_key(secret, self.session, self.round_index, job.owner), self.acc,
+                                   sign=-1)
+            return None
         try:
             recovered = crypto.KeyPair.from_private(secret)
         except CryptoError:
             recovered = None
         if recovered is None or recovered.public != job.public:
-            return b"", (index, f"unmask: shares of client {job.owner}'s mask key are inconsistent")
+            return f"unmask: shares of client {job.owner}'s mask key are inconsistent"
         for partner, public, sign in job.partners:
-            expander.add_into(mask_key(recovered, public, session, round_index, partner, job.owner), acc,
-                              sign=sign)
+            self.expander.add_into(mask_key(recovered, public, self.session, self.round_index, partner,
+                                            job.owner), self.acc, sign=sign)
+        return None
+
+
+_buffers: dict[tuple[int, int], tuple[MaskExpander, np.ndarray]] = {}
+"""A worker process's expander and accumulator for each (length, modulus bits), reused by every
+chunk it computes (a worker computes one chunk at a time): no fresh model-sized memory per chunk."""
+
+
+def run_slice(session: bytes, round_index: int, length: int, modulus_bits: int,
+              jobs: Sequence[tuple[int, Job]]) -> tuple[bytes, tuple[int, str] | None]:
+    """Run ``(index, job)`` pairs (ascending indices) in a worker process: the partial sum's raw
+    bytes (``length`` words of the modulus's word dtype) and None, or, at the first job that fails,
+    empty bytes and (its index, the abort reason)."""
+    expander, acc = _buffers.get((length, modulus_bits)) or (None, None)
+    if expander is None or acc is None:
+        expander = MaskExpander(length=length, modulus_bits=modulus_bits)
+        acc = np.zeros(length, dtype=word_dtype(modulus_bits))
+        _buffers.clear()  # one model size at a time
+        _buffers[(length, modulus_bits)] = expander, acc
+    else:
+        acc.fill(0)
+    runner = SliceRunner(session, round_index, length, modulus_bits, expander, acc)
+    for index, job in jobs:
+        runner.run(index, job)
+        if runner.failure is not None:
+            return b"", runner.failure
     return acc.tobytes(), None
 
 
@@ -161,46 +244,75 @@ Check = tuple[bytes, bytes, bytes]
 
 
 class DeferredSignatures:
-    """The Ed25519 checks of one stage, verified by the pool's workers while the server reads the
-    stage's later messages. Each check carries its sender and a payload (what the server applies
-    once the signature is known good); :meth:`ready` hands back the checks of batches already
+    """The Ed25519 checks of one stage, verified by the pool's workers and the server while the
+    server reads the stage's later messages. Each check carries its sender and a payload (what the
+    server applies once the signature is known good); :meth:`ready` hands back the checks already
     verified, :meth:`finish` every check left.
 
-    Checks are sent in batches of ``batch``; at the end the server verifies the last partial batch
-    itself and waits for the batches sent.
+    Checks are taken in batches of ``batch``. A full batch goes to a worker while the workers hold
+    fewer than :data:`IN_FLIGHT` batches each (one verifying, one waiting, so a worker never waits
+    for the server's next hand-off); otherwise it waits in a queue for the next free place, and a
+    batch beyond :data:`IN_FLIGHT` queued ones the server verifies itself at once (which bounds the
+    payloads held). At the end the server verifies the queued batches itself, newest first, while
+    the workers verify the ones they hold and take the oldest queued ones as places free up, and
+    the last partial batch; then it waits for the batches sent.
     """
 
     def __init__(self, pool: WorkerPool, *, batch: int | None = None) -> None:
         self.pool, self.batch = pool, batch or SIGNATURE_BATCH
         self._pending: list[tuple[int, object, Check]] = []
+        self._queued: list[list[tuple[int, object, Check]]] = []
+        """Full batches waiting for a place in a worker, oldest first."""
+        self._local: list[tuple[int, object, bool]] = []
+        """Verified by the server itself, not yet handed back."""
         self._sent: list[tuple[list[tuple[int, object]], list[Check], Future]] = []
         self._error: WorkerError | None = None
+        self._room = IN_FLIGHT * (pool.workers - 1)
 
     def add(self, sender: int, public: bytes, signature: bytes, message: bytes,
             payload: object = None) -> None:
         """Queue the check of ``sender``'s signature on ``message``."""
         self._pending.append((sender, payload, (public, signature, message)))
-        if len(self._pending) >= self.batch:
-            tagged = [(c, payload) for c, payload, _ in self._pending]
-            items = [item for _, _, item in self._pending]
-            self._pending = []
-            if self._error is not None:
+        if len(self._pending) < self.batch:
+            return
+        batch, self._pending = self._pending, []
+        if self._error is not None:
+            return
+        self._queued.append(batch)
+        self._send()
+        if len(self._queued) > IN_FLIGHT:
+            self._local += self._here(self._queued.pop())
+
+    def _send(self) -> None:
+        """Hand the oldest queued batches to the workers while they have room."""
+        while self._queued and self._error is None:
+            if sum(not future.done() for _, _, future in self._sent) >= self._room:
                 return
+            batch = self._queued.pop(0)
+            tagged = [(c, payload) for c, payload, _ in batch]
+            items = [item for _, _, item in batch]
             try:
                 self._sent.append((tagged, items, self.pool._submit(verify_batch, items)))
             except WorkerError as error:  # raised by ready/finish: never from the server's receive
                 self._error = error
 
+    @staticmethod
+    def _here(batch: list[tuple[int, object, Check]]) -> list[tuple[int, object, bool]]:
+        verdicts = verify_batch([item for _, _, item in batch])
+        return [(c, payload, bool(ok)) for (c, payload, _), ok in zip(batch, verdicts, strict=True)]
+
     def ready(self, *, keep: int = 4) -> list[tuple[int, object, bool]]:
-        """(sender, payload, verified) of the sent batches already verified, oldest first, waiting
-        for the oldest while more than ``keep`` are outstanding (bounds the payloads held)."""
-        out: list[tuple[int, object, bool]] = []
+        """(sender, payload, verified) of the checks already verified (here, or in sent batches,
+        oldest first), waiting for the oldest sent batch while more than ``keep`` are outstanding
+        (bounds the payloads held)."""
+        out, self._local = self._local, []
         try:
             while self._error is None and self._sent and (self._sent[0][2].done() or len(self._sent) > keep):
                 tagged, _, future = self._sent.pop(0)
                 out += self._verdicts(tagged, future)
         except WorkerError as error:  # raised by finish: never from the server's receive
             self._error = error
+        self._send()
         return out
 
     def finish(self) -> list[tuple[int, object, bool]]:
@@ -212,11 +324,16 @@ class DeferredSignatures:
         if self._error is not None:
             self._drop()
             raise self._error
-        out: list[tuple[int, object, bool]] = []
+        while self._queued and self._error is None:  # the workers take the oldest, the server the newest
+            self._send()
+            if self._queued:
+                self._local += self._here(self._queued.pop())
+        if self._error is not None:
+            self._drop()
+            raise self._error
+        out, self._local = self._local, []
         if self._pending:
-            verdicts = verify_batch([item for _, _, item in self._pending])
-            out += [(c, payload, bool(ok)) for (c, payload, _), ok in zip(self._pending, verdicts,
-                                                                            strict=True)]
+            out += self._here(self._pending)
             self._pending = []
         # The batches sent are waited for, never cancelled: on Python 3.11 a pool that breaks with
         # a cancelled future pending stops failing the others, and a wait on them would hang.
@@ -248,7 +365,97 @@ class DeferredSignatures:
     def _drop(self) -> None:
         # Dropped, not cancelled: the pool is broken, and its manager thread fails every pending
         # future itself (on Python 3.11 it raises InvalidStateError on one already cancelled).
-        self._sent, self._pending = [], []
+        self._sent, self._pending, self._local, self._queued = [], [], [], []
+
+
+ShareRows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""One unmask answer's shares: owners (uint64), x-coordinates, kinds (int64), shares (n x 33 uint8)."""
+
+
+def hash_rows(session: bytes, round_index: int, answers: Sequence[ShareRows]) -> bytes:
+    """The share hashes (:func:`protocols.masked.keys.share_hash`) of every share of ``answers``, 32
+    bytes each, in order. Runs in a worker process or in the server's own."""
+    if not answers:
+        return b""
+    owners, xs, kinds, shares = (np.concatenate(column) for column in zip(*answers, strict=True))
+    return ShareHasher(session, round_index).digest_rows(owners, xs, kinds, shares).tobytes()
+
+
+class DeferredHashes:
+    """The share hashes of the unmask answers, computed by the pool's workers and the server while
+    the server reads the later answers (the same sharing as :class:`DeferredSignatures`: a batch of
+    ``batch`` answers goes to a worker while the workers hold fewer than :data:`IN_FLIGHT` batches
+    each, otherwise the server hashes it at once). :meth:`finish` hands back every answer's tag
+    with its hashes as an (n, 32) uint8 array, row i the hash of share i.
+    """
+
+    def __init__(self, pool: WorkerPool, *, session: bytes, round_index: int,
+                 batch: int | None = None) -> None:
+        self.pool, self.batch = pool, batch or HASH_BATCH
+        self.session, self.round_index = session, round_index
+        self._pending: list[tuple[object, ShareRows]] = []
+        self._done: list[tuple[list[tuple[object, ShareRows]], bytes | Future]] = []
+        self._room = IN_FLIGHT * (pool.workers - 1)
+        self._error: WorkerError | None = None
+
+    def add(self, tag: object, rows: ShareRows) -> None:
+        """Queue the hashes of one answer's shares."""
+        self._pending.append((tag, rows))
+        if len(self._pending) < self.batch:
+            return
+        batch, self._pending = self._pending, []
+        answers = [rows for _, rows in batch]
+        busy = sum(isinstance(done, Future) and not done.done() for _, done in self._done)
+        if self._error is None and busy < self._room:
+            try:
+                future = self.pool._submit(hash_rows, self.session, self.round_index, answers)
+                self._done.append((batch, future))
+                return
+            except WorkerError as error:  # raised by finish: never from the server's receive
+                self._error = error
+        self._done.append((batch, hash_rows(self.session, self.round_index, answers)))
+
+    def finish(self) -> list[tuple[object, np.ndarray]]:
+        """Every answer's (tag, hashes), in the order added.
+
+        Raises:
+            WorkerError: a worker died, answered something other than one hash per share, or did
+                not answer within :data:`HUNG_AFTER_S`.
+        """
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._done.append((batch, hash_rows(self.session, self.round_index, [rows for _, rows in batch])))
+        done, self._done = self._done, []
+        if self._error is not None:
+            raise WorkerError(f"unmask: {self._error}")
+        out: list[tuple[object, np.ndarray]] = []
+        for batch, result in done:  # waited for, never cancelled (see DeferredSignatures.finish)
+            sizes = [len(rows[0]) for _, rows in batch]
+            if isinstance(result, Future):
+                result = _answer(self.pool, result)
+            if not isinstance(result, bytes) or len(result) != COMMITMENT_BYTES * sum(sizes):
+                self.pool._fail()
+                raise WorkerError("unmask: a worker process failed (not one hash per share); nothing "
+                                  "released")
+            hashes = np.frombuffer(result, dtype=np.uint8).reshape(-1, COMMITMENT_BYTES)
+            start = 0
+            for (tag, _), size in zip(batch, sizes, strict=True):
+                out.append((tag, hashes[start:start + size]))
+                start += size
+        return out
+
+
+def _answer(pool: WorkerPool, future: Future) -> object:
+    """A sent batch of share hashes' answer, waited for at most :data:`HUNG_AFTER_S` (WorkerError
+    otherwise)."""
+    try:
+        return future.result(timeout=HUNG_AFTER_S)
+    except TimeoutError:
+        why = f"no answer within {HUNG_AFTER_S:g} s"
+    except Exception as error:  # BrokenProcessPool, or anything the worker raised
+        why = type(error).__name__
+    pool._fail()
+    raise WorkerError(f"unmask: a worker process failed ({why}); nothing released")
 
 
 def _ready() -> int:
@@ -316,52 +523,91 @@ class WorkerPool:
         self.close()
 
     def partial_sum(self, jobs: Sequence[Job], *, session: bytes, round_index: int, length: int,
-                    modulus_bits: int) -> np.ndarray:
-        """Sum of every job's masks (mod 2^word), the slices computed here and in the workers.
+                    modulus_bits: int, profile: dict[str, float] | None = None) -> np.ndarray:
+        """Sum of every job's masks (mod 2^word), computed here and in the workers: each worker
+        holds up to :data:`IN_FLIGHT` chunks of a :class:`Schedule` while the server takes the
+        schedule's jobs one at a time, handing a worker its next chunk whenever one comes back.
+        Every job is computed once, by one side; the partial sums are added here.
+
+        ``profile``, when given, receives ``own_slice`` (seconds the server computed jobs),
+        ``wait`` (seconds it then waited for the workers' last chunks) and ``own_share`` (the part
+        of the jobs' cost it computed itself, in [0, 1]).
 
         Raises:
             ProtocolAbort: the abort of the smallest-index job that failed (what the
                 single-process path raises first).
-            WorkerError: a worker died or answered something else; its pool is closed.
+            WorkerError: a worker died, answered something else or not at all within its
+                deadline; its pool is closed.
         """
+        if self._executor is None or self.broken:
+            raise WorkerError("unmask: the worker pool is closed or broken; nothing released")
         dtype = word_dtype(modulus_bits)
-        slices = deal(jobs, self.workers)
-        try:
-            futures = [self._submit(run_slice, session, round_index, length, modulus_bits,
-                                    [(i, jobs[i]) for i in part]) for part in slices[1:]]
-        except WorkerError as error:
-            raise WorkerError(f"unmask: {error}") from None
-        started = time.perf_counter()
-        own, failure = run_slice(session, round_index, length, modulus_bits,
-                                 [(i, jobs[i]) for i in slices[0]])
-        patience = max(HUNG_AFTER_S, SLOW_FACTOR * (time.perf_counter() - started))
-        deadline = time.monotonic() + patience
-        failures = [failure] if failure is not None else []
-        total = np.frombuffer(own, dtype=dtype).copy() if failure is None else None
+        schedule = Schedule(jobs, workers=self.workers)
+        runner = SliceRunner(session, round_index, length, modulus_bits)
+        total = runner.acc  # the server's own jobs add here, and so do the workers' partial sums
+        failures: list[tuple[int, str]] = []
+        running: list[Future] = []
         broken: str | None = None
-        for future in futures:
+        own_cost = 0.0
+
+        def send() -> None:
+            part = schedule.chunk()
+            running.append(self._submit(run_slice, session, round_index, length, modulus_bits,
+                                        [(i, jobs[i]) for i in part]))
+
+        def collect(future: Future, timeout: float) -> str | None:
+            """Add a chunk's partial sum (or note its failure); why the worker is broken, or None."""
             try:
-                answer = future.result(timeout=max(deadline - time.monotonic(), 0.0))
+                answer = future.result(timeout=timeout)
             except TimeoutError:
-                broken = broken or f"no answer within {patience:.3g} s"
-                continue
+                return f"no answer within {patience:.3g} s"
             except Exception as error:  # BrokenProcessPool, or anything the worker raised
-                broken = broken or type(error).__name__
-                continue
+                return type(error).__name__
             valid = (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bytes))
             data, failed = answer if valid else (b"", None)
             if failed is not None and isinstance(failed, tuple) and len(failed) == 2:
                 failures.append((int(failed[0]), str(failed[1])))
             elif len(data) != length * dtype.itemsize:
-                broken = broken or "a partial sum of the wrong size"
-            elif total is not None:
+                return "a partial sum of the wrong size"
+            else:
                 np.add(total, np.frombuffer(data, dtype=dtype), out=total)
+            return None
+
+        patience = HUNG_AFTER_S
+        try:
+            while schedule and len(running) < IN_FLIGHT * (self.workers - 1):
+                send()
+        except WorkerError as error:
+            raise WorkerError(f"unmask: {error}") from None
+        started = time.perf_counter()
+        while schedule and broken is None:
+            for future in [f for f in running if f.done()]:
+                running.remove(future)
+                broken = broken or collect(future, 0.0)
+                if schedule and broken is None:
+                    try:
+                        send()
+                    except WorkerError:
+                        broken = "the pool broke"
+            if schedule and broken is None:
+                index = schedule.take()
+                runner.run(index, jobs[index])
+                own_cost += job_cost(jobs[index])
+        own_s = time.perf_counter() - started
+        patience = max(HUNG_AFTER_S, SLOW_FACTOR * own_s)
+        deadline = time.monotonic() + patience
+        for future in running:
+            broken = collect(future, max(deadline - time.monotonic(), 0.0)) if broken is None else broken
+        if profile is not None:
+            profile["own_slice"], profile["wait"] = own_s, time.perf_counter() - started - own_s
+            profile["own_share"] = own_cost / max(sum(job_cost(job) for job in jobs), 1e-9)
         if broken is not None:
             self._fail()
             raise WorkerError(f"unmask: a worker process failed ({broken}); nothing released")
+        if runner.failure is not None:
+            failures.append(runner.failure)
         if failures:
             raise ProtocolAbort(min(failures)[1])
-        assert total is not None
         return total
 
     def close(self) -> None:

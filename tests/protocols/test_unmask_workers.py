@@ -25,14 +25,10 @@ from fedsec.protocols.errors import ClientAbort, ProtocolAbort
 from fedsec.protocols.masked import MaskedAggregation, MaskedServer, workers
 from fedsec.protocols.masked import messages as m
 from fedsec.protocols.masked.workers import (
-    KeyJob,
-    SeedJob,
     WorkerError,
     WorkerPool,
-    deal,
     shared_pool,
 )
-from fedsec.secagg import shamir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +37,7 @@ from tests.protocols.helpers import make_session
 from tests.protocols.test_masked_keys_and_shares import Rewriting, _dealing, _Silent
 
 BATCH = workers.SIGNATURE_BATCH
+HASHES = workers.HASH_BATCH
 ROLES = ("honest", "drop 2", "drop 3", "drop 4", "secret above 2^256", "wrong seed", "wrong mask key",
          "bad unmask share", "bad survivor signature", "bad key signature", "twice",
          "bad key signature, twice", "bad survivor signature, twice", "bad attestation",
@@ -137,6 +134,7 @@ def _replay(s, stages, *, workers: int):
        roles=st.lists(st.sampled_from(ROLES[1:]), min_size=0, max_size=4))
 def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(graph, seed, roles):
     workers.SIGNATURE_BATCH = 3  # small batches: most signature checks go to the worker
+    workers.HASH_BATCH = 2  # and the unmask answers' share hashes too
     s = make_session(10, length=9, graph=graph, seed=seed)
     ring = sorted(s.clients)
     chosen = {ring[(seed + 3 * i) % len(ring)]: role for i, role in enumerate(roles)}
@@ -144,7 +142,7 @@ def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(g
     try:
         single, pooled = _replay(s, stages, workers=1), _replay(s, stages, workers=2)
     finally:
-        workers.SIGNATURE_BATCH = BATCH
+        workers.SIGNATURE_BATCH, workers.HASH_BATCH = BATCH, HASHES
     assert single[:3] == pooled[:3]
     # The recording server (one process) ended the same way too.
     if s.server.abort_reason is not None:
@@ -211,20 +209,6 @@ def test_workers_must_be_an_integer_in_range(workers):
         MaskedAggregation(max_weight=3, rng=np.random.default_rng(0), workers=workers)
     with pytest.raises(ValueError, match="workers >= 2"):
         WorkerPool(workers=1)
-
-
-@settings(max_examples=30)
-@given(costs=st.lists(st.integers(0, 40), max_size=30), parts=st.integers(1, 5))
-def test_dealing_covers_every_job_once_in_slices_of_about_equal_cost(costs, parts):
-    share = (b"\x00" * shamir.SHARE_BYTES,)
-    jobs = [SeedJob(i, (1,), share[0]) if c == 0 else KeyJob(i, (1,), share[0], b"", ((1, b"", 1),) * c)
-            for i, c in enumerate(costs)]
-    slices = deal(jobs, parts)
-    assert len(slices) == parts and sorted(i for s in slices for i in s) == list(range(len(jobs)))
-    assert all(s == sorted(s) for s in slices)
-    loads = [sum(1.3 if c == 0 else 1.5 + 1.5 * c for c in (costs[i] for i in s)) for s in slices]
-    biggest = max((1.3 if c == 0 else 1.5 + 1.5 * c for c in costs), default=0)
-    assert max(loads, default=0) - min(loads, default=0) <= biggest + 1e-9
 
 
 @pytest.mark.slow
