@@ -39,7 +39,8 @@ from tests.fedsec.network.test_deploy_paillier_layer import (  # noqa: F401 (fix
     sites,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("sites", "fresh_site_memory")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.usefixtures("sites", "fresh_site_memory", "fresh_accountant_engines")]
 Z = 1.1
 CLIP = 0.5
 THRESHOLD = 3

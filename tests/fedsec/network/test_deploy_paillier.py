@@ -21,7 +21,7 @@ from tests.fedsec.network.conftest import enrol
 from tests.fedsec.network.keyholder_helpers import ROOT, keyholder_process
 from tests.fedsec.test_csv_run import LABEL, write_shards
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_accountant_engines")]
 SITES = ("hosp-a", "hosp-b", "hosp-x", "hosp-c")
 RUN_TIMEOUT = 240
 
