@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
+from fedsec.dp.analysis.pld_gaussian import gaussian_epsilon, margin_bound
 from fedsec.dp.analysis.pld_running import running_directions
 from fedsec.dp.errors import UnsupportedEventError
 from fedsec.dp.ledger import Event, GaussianEvent
@@ -52,7 +53,14 @@ def epsilon_at(events: Sequence[Event], delta: float, discretisation: float, *,
     cost does not grow with the step count, plus ``RUNNING_MARGIN``; any other ledger through
     dp-accounting from scratch (:func:`epsilon_at_from_scratch`). ``levels`` (discretisation ->
     (remove, add) epsilons, filled in here) lets the running engine skip the neighbour direction
-    that a nested discretisation ten times coarser already bounds below the other one."""
+    that a nested discretisation ten times coarser already bounds below the other one. A ledger
+    of one unsampled Gaussian event (q = 1, central noise) goes through
+    :func:`~dp.analysis.pld_gaussian.gaussian_epsilon`, dp-accounting's construction in numpy
+    (bit-for-bit the same PMF; the epsilon never below dp-accounting's and at most two of its
+    scan margins above it)."""
+    if on_central_gaussian(events):
+        event = events[0]
+        return gaussian_epsilon(event.noise_multiplier, event.steps, delta, discretisation)
     if on_running_engine(events):
         event = events[0]
         bounds = (math.inf, math.inf)
@@ -65,6 +73,12 @@ def epsilon_at(events: Sequence[Event], delta: float, discretisation: float, *,
             levels[discretisation] = values
         return max(values) + RUNNING_MARGIN
     return epsilon_at_from_scratch(events, delta, discretisation)
+
+
+def on_central_gaussian(events: Sequence[Event]) -> bool:
+    """Whether :func:`epsilon_at` answers ``events`` by :mod:`dp.analysis.pld_gaussian` (one
+    unsampled Gaussian event, q = 1: central noise over every client)."""
+    return len(events) == 1 and isinstance(events[0], GaussianEvent) and events[0].sample_rate >= 1
 
 
 def on_running_engine(events: Sequence[Event]) -> bool:
@@ -100,6 +114,7 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
     value = math.inf
     finite: list[float] = []
     running = not from_scratch and on_running_engine(events)
+    central = not from_scratch and on_central_gaussian(events)
     for discretisation in discretisations():
         value = (epsilon_at_from_scratch(events, delta, discretisation) if from_scratch
                  else epsilon_at(events, delta, discretisation, levels=levels))
@@ -107,7 +122,12 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
             return min(finite)
         if math.isfinite(value):
             finite.append(value)
-        if abs(previous - value) <= agreement(previous, value, running):
+        tolerance = agreement(previous, value, running)
+        if central and math.isfinite(previous) and math.isfinite(value):
+            # each level lies up to two scan margins above dp-accounting's: never refine past its stop
+            event = events[0]
+            tolerance += 2 * margin_bound(event.noise_multiplier / math.sqrt(event.steps), discretisation)
+        if abs(previous - value) <= tolerance:
             break
         previous = value
     return value
