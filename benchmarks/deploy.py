@@ -335,18 +335,7 @@ def _start_coordinator(d, log: Path, folder: Path | None) -> tuple[subprocess.Po
 
     if folder is None:
         return demo.start_coordinator(d, log=log)
-    process = subprocess.Popen(_timed(demo.serve_command(d), folder, "coordinator"), stdout=subprocess.PIPE,
-                               stderr=open(log, "w"), text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert process.stdout is not None
-    end = time.monotonic() + 60.0
-    while time.monotonic() < end:
-        line = process.stdout.readline()
-        if line.startswith("listening "):
-            return process, int(line.split()[1])
-        if not line and process.poll() is not None:
-            break
-    process.kill()
-    raise RuntimeError(f"the coordinator did not start; see {log}")
+    return demo.start_coordinator(d, log=log, command=_timed(demo.serve_command(d), folder, "coordinator"))
 
 
 def timeline(folder: Path, ends: list[float]) -> dict[str, object]:

@@ -139,10 +139,13 @@ def join_command(d: Deployment, k: int, port: int, *, policy: Path | None = None
     return command + (["--policy", str(policy)] if policy is not None else [])
 
 
-def start_coordinator(d: Deployment, *, log: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
-    """Start ``fedsec serve``; returns the process and its port once it listens."""
+def start_coordinator(d: Deployment, *, log: Path, timeout: float = 60.0,
+                      command: list[str] | None = None) -> tuple[subprocess.Popen, int]:
+    """Start ``fedsec serve`` (or ``command``, a wrapper of it: the benchmark's timed run), its
+    stderr into ``log``; returns the process and its port once it listens (within ``timeout``
+    seconds, else the process is killed and RuntimeError names the log)."""
     handle = open(log, "w")
-    process = subprocess.Popen(serve_command(d), stdout=subprocess.PIPE, stderr=handle, text=True,
+    process = subprocess.Popen(command or serve_command(d), stdout=subprocess.PIPE, stderr=handle, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     end = time.monotonic() + timeout
     assert process.stdout is not None
