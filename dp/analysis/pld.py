@@ -113,8 +113,6 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
     previous = math.inf
     value = math.inf
     finite: list[float] = []
-    running = not from_scratch and on_running_engine(events)
-    central = not from_scratch and on_central_gaussian(events)
     for discretisation in discretisations():
         value = (epsilon_at_from_scratch(events, delta, discretisation) if from_scratch
                  else epsilon_at(events, delta, discretisation, levels=levels))
@@ -122,26 +120,33 @@ def epsilon(events: Sequence[Event], delta: float, *, from_scratch: bool = False
             return min(finite)
         if math.isfinite(value):
             finite.append(value)
-        tolerance = agreement(previous, value, running)
-        if central and math.isfinite(previous) and math.isfinite(value):
-            # each level lies up to two scan margins above dp-accounting's: never refine past its stop
-            event = events[0]
-            tolerance += 2 * margin_bound(event.noise_multiplier / math.sqrt(event.steps), discretisation)
+        tolerance = AGREEMENT if from_scratch else agreement(events, discretisation, previous, value)
         if abs(previous - value) <= tolerance:
             break
         previous = value
     return value
 
 
-def agreement(previous: float, value: float, running: bool) -> float:
-    """How close two successive levels must be to end the refinement: ``AGREEMENT``, widened for
-    the running engine by how far its values may lie above dp-accounting's (2 RUNNING_MARGIN +
-    ROUNDING_ALLOWANCE epsilon), so that it never refines past the level where dp-accounting
-    would stop (where it would, it reported a finer level's value, up to 1e-4 lower: session-7
-    review). It may stop one level earlier than dp-accounting, reporting a coarser value."""
-    if not (running and math.isfinite(previous) and math.isfinite(value)):
+def agreement(events: Sequence[Event], discretisation: float, previous: float, value: float) -> float:
+    """How close two successive levels (``previous`` at the coarser one, ``value`` at
+    ``discretisation``) must be to end the refinement of :func:`epsilon_at`'s values:
+    ``AGREEMENT``, widened by how far the route ``events`` take may lie above dp-accounting's
+    values, so that it never refines past the level where dp-accounting would stop (where it did,
+    it reported a finer level's value, up to 1e-4 lower: session-7 review). It may stop one level
+    earlier than dp-accounting, reporting a coarser value.
+
+    - the running engine: 2 ``RUNNING_MARGIN`` + ``ROUNDING_ALLOWANCE`` epsilon;
+    - central noise (q = 1): two of :mod:`dp.analysis.pld_gaussian`'s scan margins at the finer
+      level;
+    - dp-accounting itself (any other ledger), or an infinite level: none."""
+    if not (math.isfinite(previous) and math.isfinite(value)):
         return AGREEMENT
-    return AGREEMENT + 2 * RUNNING_MARGIN + ROUNDING_ALLOWANCE * max(previous, value)
+    if on_running_engine(events):
+        return AGREEMENT + 2 * RUNNING_MARGIN + ROUNDING_ALLOWANCE * max(previous, value)
+    if on_central_gaussian(events):
+        event = events[0]
+        return AGREEMENT + 2 * margin_bound(event.noise_multiplier / math.sqrt(event.steps), discretisation)
+    return AGREEMENT
 
 
 def to_dp_event(event: GaussianEvent) -> dp_accounting.DpEvent:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from fedsec.protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters
+from fedsec.protocols.masked import MaskedClient, MaskedServer, RingGraph, choose_parameters, workers
 from fedsec.protocols.masked.simulation import build_round
 from fedsec.secagg.encoding import FixedPointEncoder
 from fedsec.secagg.keys import SigningKey
@@ -54,3 +58,21 @@ def make_session(n: int = 6, *, length: int = 50, graph: str = "complete", activ
                         identities=identities if active else None, active=active, corrupt=corrupt)
     return Session(built.server, built.clients, encoder, updates, weights, seeds, built.graph, t,
                    built.session, round_index, identities)
+
+
+@contextlib.contextmanager
+def stopped_worker() -> Iterator[workers.WorkerPool]:
+    """A fresh two-process pool (``workers.shared_pool(2)``) whose one worker process is stopped
+    (SIGSTOP) for the block: it neither dies nor answers. Killed and the pools closed after."""
+    workers.close_pools()
+    pool = workers.shared_pool(2)
+    (pid,) = pool.warm()
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        yield pool
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        workers.close_pools()

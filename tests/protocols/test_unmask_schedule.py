@@ -14,8 +14,6 @@ left out.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 
 import numpy as np
@@ -31,7 +29,7 @@ from fedsec.secagg.prg import MaskExpander
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.protocols.helpers import make_session
+from tests.protocols.helpers import make_session, stopped_worker
 from tests.protocols.test_unmask_workers import _play, _replay
 
 SESSION, ROUND, LENGTH, BITS, T = bytes(range(16)), 3, 7, 12, 3
@@ -170,23 +168,13 @@ def test_a_round_sized_mix_of_jobs_gives_the_sequential_sum(share, held):
 @pytest.mark.slow  # starts a worker process, stops it
 def test_a_hung_worker_hashing_shares_is_a_typed_abort(monkeypatch):
     monkeypatch.setattr(workers, "HUNG_AFTER_S", 1.0)
-    workers.close_pools()
-    pool = shared_pool(2)
-    (pid,) = pool.warm()
     rows = (np.array([7], dtype=np.uint64), np.array([1]), np.array([0]), np.zeros((1, 33), dtype=np.uint8))
-    hashes = workers.DeferredHashes(pool, session=SESSION, round_index=ROUND, batch=1)
-    try:
-        os.kill(pid, signal.SIGSTOP)
+    with stopped_worker() as pool:
+        hashes = workers.DeferredHashes(pool, session=SESSION, round_index=ROUND, batch=1)
         hashes.add("answer", rows)
         with pytest.raises(WorkerError, match="no answer within"):
             hashes.finish()
         assert pool.broken and shared_pool(2) is not pool  # the next round gets a fresh pool
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        workers.close_pools()
 
 
 def test_share_hashes_computed_in_batches_equal_the_share_hash_of_each_share():

@@ -27,7 +27,7 @@ from fedsec.protocols.masked import workers
 from fedsec.protocols.masked.workers import DeferredSignatures, WorkerError, close_pools, shared_pool
 from fedsec.secagg import keys as crypto
 
-from tests.protocols.helpers import make_session
+from tests.protocols.helpers import make_session, stopped_worker
 from tests.protocols.test_unmask_workers import _play, _replay
 
 WAIT_S = 8.0
@@ -65,20 +65,10 @@ def test_a_hung_worker_is_a_typed_abort_not_a_hang(monkeypatch):
 @pytest.mark.slow
 def test_a_hung_worker_checking_signatures_is_a_typed_abort(monkeypatch):
     monkeypatch.setattr(workers, "HUNG_AFTER_S", 1.0)
-    close_pools()
-    pool = shared_pool(2)
-    (pid,) = pool.warm()
     identity = crypto.SigningKey.generate()
-    checks = DeferredSignatures(pool, batch=1)
-    try:
-        os.kill(pid, signal.SIGSTOP)
+    with stopped_worker() as pool:
+        checks = DeferredSignatures(pool, batch=1)
         checks.add(0, identity.public, identity.sign(b"m"), b"m")
         with pytest.raises(WorkerError, match="no answer within"):
             checks.finish()
         assert pool.broken and shared_pool(2) is not pool  # the next round gets a fresh pool
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        close_pools()
