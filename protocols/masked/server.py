@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fedsec.protocols.errors import MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import messages as m
+from fedsec.protocols.masked.deferred import DeferredHashes, DeferredSignatures
 from fedsec.protocols.masked.framing import KeyListBodies, UnmaskRequestBodies, body_bytes, frame
 from fedsec.protocols.masked.graph import RingGraph
 from fedsec.protocols.masked.keys import (
@@ -45,8 +46,6 @@ from fedsec.protocols.masked.keys import (
 from fedsec.protocols.masked.policy import minimum_threshold, survivor_quorum
 from fedsec.protocols.masked.routing import BundleRouter
 from fedsec.protocols.masked.workers import (
-    DeferredHashes,
-    DeferredSignatures,
     Job,
     KeyJob,
     SeedJob,

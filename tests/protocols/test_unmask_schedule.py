@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 from fedsec.protocols.errors import ProtocolAbort
-from fedsec.protocols.masked import workers
+from fedsec.protocols.masked import deferred, workers
 from fedsec.protocols.masked.keys import mask_key, self_mask_key, share_hash
 from fedsec.protocols.masked.workers import KeyJob, Schedule, SeedJob, WorkerError, job_cost, shared_pool
 from fedsec.secagg import keys as crypto
@@ -170,7 +170,7 @@ def test_a_hung_worker_hashing_shares_is_a_typed_abort(monkeypatch):
     monkeypatch.setattr(workers, "HUNG_AFTER_S", 1.0)
     rows = (np.array([7], dtype=np.uint64), np.array([1]), np.array([0]), np.zeros((1, 33), dtype=np.uint8))
     with stopped_worker() as pool:
-        hashes = workers.DeferredHashes(pool, session=SESSION, round_index=ROUND, batch=1)
+        hashes = deferred.DeferredHashes(pool, session=SESSION, round_index=ROUND, batch=1)
         hashes.add("answer", rows)
         with pytest.raises(WorkerError, match="no answer within"):
             hashes.finish()
@@ -181,11 +181,11 @@ def test_share_hashes_computed_in_batches_equal_the_share_hash_of_each_share():
     rng = np.random.default_rng(4)
     answers = [(rng.integers(1, 2**40, n).astype(np.uint64), rng.integers(1, 100, n), rng.integers(0, 2, n),
                 rng.integers(0, 256, (n, 33)).astype(np.uint8)) for n in (0, 1, 5, 96)]
-    digests = workers.hash_rows(SESSION, ROUND, answers)
+    digests = deferred.hash_rows(SESSION, ROUND, answers)
     expected = b"".join(share_hash(SESSION, ROUND, int(o), int(x), int(k), s.tobytes())
                         for owners, xs, kinds, shares in answers
                         for o, x, k, s in zip(owners, xs, kinds, shares, strict=True))
-    assert digests == expected and workers.hash_rows(SESSION, ROUND, []) == b""
+    assert digests == expected and deferred.hash_rows(SESSION, ROUND, []) == b""
 
 
 @pytest.mark.slow  # starts a worker process (once per test session)

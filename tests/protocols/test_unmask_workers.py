@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 from fedsec.protocols.errors import ClientAbort, ProtocolAbort
-from fedsec.protocols.masked import MaskedAggregation, MaskedServer, workers
+from fedsec.protocols.masked import MaskedAggregation, MaskedServer, deferred
 from fedsec.protocols.masked import messages as m
 from fedsec.protocols.masked.workers import (
     WorkerError,
@@ -36,8 +36,8 @@ from fedsec import fl_core
 from tests.protocols.helpers import make_session
 from tests.protocols.test_masked_keys_and_shares import Rewriting, _dealing, _Silent
 
-BATCH = workers.SIGNATURE_BATCH
-HASHES = workers.HASH_BATCH
+BATCH = deferred.SIGNATURE_BATCH
+HASHES = deferred.HASH_BATCH
 ROLES = ("honest", "drop 2", "drop 3", "drop 4", "secret above 2^256", "wrong seed", "wrong mask key",
          "bad unmask share", "bad survivor signature", "bad key signature", "twice",
          "bad key signature, twice", "bad survivor signature, twice", "bad attestation",
@@ -137,12 +137,12 @@ def test_the_pooled_server_equals_the_one_process_path_under_malicious_clients(g
     ring = sorted(s.clients)
     chosen = {ring[(seed + 3 * i) % len(ring)]: role for i, role in enumerate(roles)}
     try:  # restored whatever raises: a later test in this process must see the defaults
-        workers.SIGNATURE_BATCH = 3  # small batches: most signature checks go to the worker
-        workers.HASH_BATCH = 2  # and the unmask answers' share hashes too
+        deferred.SIGNATURE_BATCH = 3  # small batches: most signature checks go to the worker
+        deferred.HASH_BATCH = 2  # and the unmask answers' share hashes too
         stages = _play(s, chosen)
         single, pooled = _replay(s, stages, workers=1), _replay(s, stages, workers=2)
     finally:
-        workers.SIGNATURE_BATCH, workers.HASH_BATCH = BATCH, HASHES
+        deferred.SIGNATURE_BATCH, deferred.HASH_BATCH = BATCH, HASHES
     assert single[:3] == pooled[:3]
     # The recording server (one process) ended the same way too.
     if s.server.abort_reason is not None:
@@ -168,7 +168,7 @@ def test_each_abort_of_the_reconstruction_is_the_same_on_workers(role):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [BATCH, 2], ids=["at unmasking", "at a signature check"])
 def test_a_killed_worker_is_a_typed_abort_and_the_next_round_gets_a_fresh_pool(batch, monkeypatch):
-    monkeypatch.setattr(workers, "SIGNATURE_BATCH", batch)
+    monkeypatch.setattr(deferred, "SIGNATURE_BATCH", batch)
     s = make_session(9, length=30, graph="harary", seed=5)
     stages = _play(s, {sorted(s.clients)[2]: "drop 2"})
     total, survivors = s.server.result()

@@ -24,7 +24,8 @@ import threading
 
 import pytest
 from fedsec.protocols.masked import workers
-from fedsec.protocols.masked.workers import DeferredSignatures, WorkerError, close_pools, shared_pool
+from fedsec.protocols.masked.deferred import DeferredSignatures
+from fedsec.protocols.masked.workers import WorkerError, close_pools, shared_pool
 from fedsec.secagg import keys as crypto
 
 from tests.protocols.helpers import make_session, stopped_worker
