@@ -14,10 +14,11 @@ settings.load_profile("fedsec")
 
 @pytest.fixture
 def fresh_accountant_engines():
-    """Empty the PLD and PRV accountants' process-wide engine caches before the test: a reported
-    epsilon's last digits depend on the FFT grid an engine grew into, so a test that compares an
-    in-process run with a fresh subprocess starts both from empty caches (whatever ran before it
-    in this pytest worker)."""
+    """Empty the PLD and PRV accountants' process-wide engine caches before the test, so that a test
+    comparing an in-process run with a fresh subprocess starts both alike. A reported epsilon no
+    longer depends on what the engines were asked before (tests/dp/test_history_free_epsilon.py:
+    the grid from a fixed ladder, F^T by binary powering); this keeps such tests from relying on
+    that property alone."""
     from fedsec.dp.analysis import pld_running, prv_running
 
     pld_running._ENGINES.clear()

@@ -13,10 +13,13 @@ what does not depend on T:
   rounding) and their log moment-generating functions at dp-accounting's orders, from which the
   truncation window of T compositions (``common.compute_self_convolve_bounds``: the same Chernoff
   bound, the same tail mass 1e-15) follows in O(1);
-- the real FFT F of each PMF on a grid of N points and the running power F^T, advanced to the
-  next T by one complex multiplication by F^(T' - T) (cached: a run adds the same steps every
-  round; F^T is recomputed exactly every ``EXACT_EVERY`` advances, so rounding does not
-  accumulate), with N rebuilt ``HEADROOM`` times larger when the window outgrows it;
+- the real FFT F of each PMF on a grid of N points, N read off a fixed ladder
+  (:func:`grid_size`: ``LADDER_STEPS`` rungs an octave, rounded up to a fast FFT length) from
+  the window of the T asked alone, and F^T by binary powering from cached squarings
+  (:class:`~dp.analysis.spectral_power.BinaryPowers`). So the value for T is a function of
+  (sigma, q, discretisation, T, delta) alone, bit for bit, whatever the engine was asked before
+  (a resumed run, a sweep's second experiment, a test after another: the same epsilon as a fresh
+  process);
 - the hockey-stick scan of dp-accounting's ``_get_epsilon_for_delta`` as cumulative sums over the
   window, in the same order of summation.
 
@@ -30,7 +33,7 @@ window). ``SPARSE = False`` turns the sparse path off (the benchmark's reference
 
 What differs from the from-scratch value: the FFT length (N is at least dp-accounting's, so the
 wrap-around of the truncated tails, at most 1e-15 of mass, is no larger), floating-point rounding
-of the running power (relative 1e-13 at most between exact recomputations), and ``np.exp``
+of the binary powering (bounded in :meth:`_RunningPMF.rounding_mass`), and ``np.exp``
 against ``math.exp`` in the scan (one ulp). Their effect on epsilon is below 1e-9 at every
 regime tested (tests/dp/test_running_accountant.py), far inside the 0.001 the refinement works
 to; the refinement itself (which discretisations are tried, when it stops) is unchanged. The
@@ -47,15 +50,15 @@ from collections import OrderedDict
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_module
 from fedsec.dp.analysis.pld_spectral import SparseSpectrum
+from fedsec.dp.analysis.spectral_power import BinaryPowers, multiplications_error
 from scipy import fft, special
 
 TAIL_MASS = 1e-15
 """The tail mass dp-accounting's ``self_compose`` may truncate (its default)."""
-EXACT_EVERY = 128
-"""Advances of the running power between exact recomputations of F^T."""
-HEADROOM = 1.15
-"""The FFT grid is this many times the window it must hold when it is (re)built, so that a window
-growing like sqrt(T) rebuilds it rarely."""
+LADDER_STEPS = 4
+"""Rungs of the grid sizes' ladder an octave (:func:`grid_size`): a grid is at most 2^(1/4), about
+1.19, times the window it holds (before the fast length), and a window growing like sqrt(T)
+changes rung every 41 % of growth in T."""
 SKIP_GAP = 0.01
 """A neighbour direction is skipped only when its upper bound is this far below the other's value
 (ten times the refinement's agreement), a safety margin on top of the bound's argument."""
@@ -81,6 +84,18 @@ a fine grid for every sigma it tried."""
 
 
 _LOG_TAIL = math.log(2 / TAIL_MASS)
+
+
+def grid_size(needed: int) -> int:
+    """The FFT length for a window of ``needed`` >= 1 points: the smallest rung
+    ceil(2^(j / LADDER_STEPS)) >= ``needed`` of the ladder, rounded up to a fast real-FFT length
+    (a function of ``needed`` alone)."""
+    if needed < 1:
+        raise ValueError(f"needed must be >= 1, got {needed}")
+    rung = math.ceil(LADDER_STEPS * math.log2(needed))
+    while math.ceil(2.0 ** (rung / LADDER_STEPS)) < needed:
+        rung += 1
+    return fft.next_fast_len(math.ceil(2.0 ** (rung / LADDER_STEPS)), real=True)
 
 
 def _orders(size: int) -> np.ndarray:
@@ -109,8 +124,7 @@ class _RunningPMF:
         # interrupt (Ctrl-C between two bytecodes) leaves the old state or the new one, never a
         # power that does not match its step count.
         self.grid: tuple[int, np.ndarray | None] = (0, None)  # (N, F)
-        self.state: tuple[int, int, np.ndarray] | None = None  # (T, advances, F^T) on this grid
-        self.increment: tuple[int, int, np.ndarray] | None = None  # (N, k, F^k)
+        self.powers: tuple[int, BinaryPowers] | None = None  # (N, the powers of this grid's F)
         self.sparse: SparseSpectrum | None = None  # the kept coefficients of this grid
         self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
         self.last_bounds: tuple[int, tuple[int, int]] = (0, (0, 0))  # (steps, bounds(steps))
@@ -119,11 +133,12 @@ class _RunningPMF:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.probs, self.grid[1], self.state[2] if self.state else None,
-                  self.increment[2] if self.increment else None)
+        arrays = (self.probs, self.grid[1])
         if self.log_magnitudes is not None:
             arrays += (self.log_magnitudes[1],)
-        return sum(a.nbytes for a in arrays if a is not None) + (self.sparse.nbytes if self.sparse else 0)
+        held = self.powers[1].nbytes if self.powers else 0
+        held += self.sparse.nbytes if self.sparse else 0
+        return sum(a.nbytes for a in arrays if a is not None) + held
 
     def bounds(self, steps: int) -> tuple[int, int]:
         """``common.compute_self_convolve_bounds(probs, steps, TAIL_MASS)`` from cached moments
@@ -154,30 +169,23 @@ class _RunningPMF:
         return lower, upper
 
     def _power_to(self, steps: int) -> np.ndarray:
-        """F^steps, advanced from the last call's power when steps grew (module docstring)."""
+        """F^steps on the current grid, by binary powering (the same array whatever was asked
+        before; module docstring)."""
         size, spectrum = self.grid
-        state = self.state
-        if state is not None and state[2].size == spectrum.size and steps >= state[0] \
-                and state[1] < EXACT_EVERY:
-            grow = steps - state[0]
-            if not grow:
-                return state[2]
-            increment = self.increment
-            if increment is None or increment[:2] != (size, grow):
-                self.version += increment is None or increment[0] != size
-                increment = self.increment = (size, grow, spectrum ** grow)
-            power, advances = state[2] * increment[2], state[1] + 1
-        else:
-            power, advances = spectrum ** steps, 0
-        self.version += state is None or state[2].size != power.size
-        self.state = (steps, advances, power)
+        powers = self.powers
+        if powers is None or powers[0] != size:
+            powers = self.powers = (size, BinaryPowers(spectrum))
+            self.version += 1
+        held = powers[1].squarings
+        power = powers[1].power(steps)
+        self.version += powers[1].squarings != held
         return power
 
     def _grid_for(self, length: int) -> None:
-        """Builds the FFT grid (and drops what was kept on the old one) when ``length`` outgrows it."""
-        needed = max(length, self.probs.size)
-        if needed > self.grid[0]:
-            size = fft.next_fast_len(int(HEADROOM * needed), real=True)
+        """Builds the FFT grid of :func:`grid_size` for a window of ``length`` points (and drops what
+        was kept on the previous grid) when it is not the current one."""
+        size = grid_size(max(length, self.probs.size))
+        if size != self.grid[0]:
             spectrum = fft.rfft(self.probs, size)
             self.sparse = None  # first: an interrupt here leaves the old grid, whose kept set is rebuilt
             self.grid = (size, spectrum)
@@ -241,9 +249,10 @@ class _RunningPMF:
         butterfly and a twiddle factor, Higham, *Accuracy and Stability of Numerical Algorithms*,
         section 24.1), each coefficient of the computed rfft of the PMF is off by at most
         e_F = eta (log2 N + 1) sum_j p_j <= eta (log2 N + 1) (a summation tree of that depth), so
-        F_k^T by at most T |F_k|^(T-1) e_F, plus the running power's multiplications (at most
-        ``EXACT_EVERY`` + 2 of relative eta) and the inverse FFT's own rounding: in all
-        |Delta_k| <= |F_k|^(T-1) eta ((T + 1)(log2 N + 1) + EXACT_EVERY + 2). The divergence
+        F_k^T by at most T |F_k|^(T-1) e_F, plus the binary powering's multiplications (at most
+        T - 1 of relative eta: :func:`~dp.analysis.spectral_power.multiplications_error`; 2 more
+        for margin) and the inverse FFT's own rounding: in all
+        |Delta_k| <= |F_k|^(T-1) eta ((T + 1)(log2 N + 1) + (T - 1) + 2). The divergence
         weighs each of the window's L points by a factor in [0, 1], so it moves by at most the
         sum of the L points' errors, bounded two ways and the smaller taken: L max_i |e_i| <=
         L (2 / N) sum_k |Delta_k|, and (Cauchy-Schwarz, then Parseval) sqrt(L) ||e||_2 <=
@@ -266,7 +275,7 @@ class _RunningPMF:
         else:
             linear = square = float(ordered.size)
         log_size = math.log2(size) + 1
-        per_coefficient = ROUNDING_ULPS * _U * ((steps + 1) * log_size + EXACT_EVERY + 2)
+        per_coefficient = ROUNDING_ULPS * _U * ((steps + 1) * log_size + multiplications_error(steps) + 2)
         pointwise = length * 2 * linear / size * per_coefficient
         in_norm = math.sqrt(length * 2 * square / size) * per_coefficient
         return min(pointwise, in_norm) + 2 * length * _U

@@ -10,8 +10,10 @@ run that is 0.2 to 1 s of CPU, every round.
 :class:`RunningPRV` runs the same computation for a *bucket* of step counts: the domain is the one
 Opacus builds for the bucket's largest count T_b >= T (``BUCKET_RATIO`` apart), widened on both
 sides to a fast FFT length. It keeps the discretised PRV and its FFT for the bucket and the
-running power F^T (one complex multiplication by the cached F^(steps a round) per round,
-recomputed exactly every ``EXACT_EVERY`` advances), so a round costs one inverse FFT and Opacus'
+power F^T by binary powering from cached squarings
+(:class:`~fedsec.dp.analysis.spectral_power.BinaryPowers`: the same array for T whatever was
+asked before, so a value is a function of the ledger alone), so a round costs one inverse FFT,
+about log2(T) / 2 complex multiplications and Opacus'
 ``compute_epsilon`` scan over the top of the PMF (:meth:`_Bucket.epsilon_upper`).
 
 At large epsilon that inverse FFT is of 3-15 million points (0.1-0.5 s), while only a few dozen
@@ -42,6 +44,7 @@ from collections import OrderedDict
 import numpy as np
 from fedsec.dp.analysis.prv_discretise import discretise
 from fedsec.dp.analysis.prv_spectral import SparseComposition, kept_frequencies
+from fedsec.dp.analysis.spectral_power import BinaryPowers
 from opacus.accountants.analysis import rdp as opacus_rdp
 from opacus.accountants.analysis.prv import (
     Domain,
@@ -57,8 +60,6 @@ EPS_ERROR = 0.01
 BUCKETS_PER_DOUBLING = 8
 BUCKET_RATIO = 2 ** (1 / BUCKETS_PER_DOUBLING)
 """Step counts share a domain within this ratio (a rebuild every 9 % of growth)."""
-EXACT_EVERY = 128
-"""Advances of the running power between exact recomputations."""
 MARGIN = 2e-4
 """Added to the bucketed estimate so that it is never below Opacus' value for the exact T (the
 differences seen are below 6e-5; tests check |bucketed - Opacus| <= MARGIN)."""
@@ -141,7 +142,7 @@ class _Bucket:
     """The discretised one-step PRV on the domain for the step counts ``low`` to ``top`` of one
     bucket, composed either from the few Fourier coefficients that matter
     (:class:`~fedsec.dp.analysis.prv_spectral.SparseComposition`, when at most 1 / ``SPARSE_RATIO``
-    of them do) or by Opacus' dense inverse FFT with a running power.
+    of them do) or by Opacus' dense inverse FFT of F^T (binary powering).
 
     Args:
         prv: the one-step privacy random variable.
@@ -173,31 +174,20 @@ class _Bucket:
                                          frequencies=kept) if sparse else None)
         self.dprv = None if sparse else dprv
         self.spectrum = None if sparse else spectrum
-        self.state: tuple[int, int, np.ndarray] | None = None  # (T, advances, F^T)
-        self.increment: tuple[int, np.ndarray] | None = None  # (k, F^k)
+        self.powers = None if sparse else BinaryPowers(spectrum)
         self.hint: int | None = None  # the index the last search found (where to start the next)
 
     @property
     def nbytes(self) -> int:
         if self.sparse is not None:
             return self.sparse.nbytes
-        arrays = (self.dprv.pmf, self.spectrum, self.state[2] if self.state else None,
-                  self.increment[1] if self.increment else None)
-        return sum(a.nbytes for a in arrays if a is not None)
+        return self.dprv.pmf.nbytes + self.spectrum.nbytes + self.powers.nbytes
 
     def power(self, steps: int) -> np.ndarray:
-        state = self.state
-        if state is not None and steps >= state[0] and state[1] < EXACT_EVERY:
-            grow = steps - state[0]
-            if not grow:
-                return state[2]
-            if self.increment is None or self.increment[0] != grow:
-                self.increment = (grow, self.spectrum ** grow)
-            power, advances = state[2] * self.increment[1], state[1] + 1
-        else:
-            power, advances = self.spectrum ** steps, 0
-        self.state = (steps, advances, power)
-        return power
+        """F^steps by binary powering (dense only): the same array whatever was asked before."""
+        if self.powers is None:
+            raise ValueError("a sparse bucket keeps no dense spectrum")
+        return self.powers.power(steps)
 
     def placement(self, steps: int) -> tuple[int, Domain]:
         """Opacus' roll of the composed PMF (steps - 1, plus n / 2 for an even count) and the
@@ -208,7 +198,7 @@ class _Bucket:
         return shift, self.domain.shift_right(self.domain.shifts * (steps - 1))
 
     def composed(self, steps: int) -> DiscretePRV:
-        """Opacus' ``_compose_fourier(dprv, steps)`` from the running power (dense only)."""
+        """Opacus' ``_compose_fourier(dprv, steps)`` from F^T (dense only)."""
         raw, shift, domain = self._raw(steps)
         return DiscretePRV(pmf=np.roll(raw, shift), domain=domain)
 

@@ -21,7 +21,7 @@ def _direct_bound(pmf, steps):
     pmf._grid_for(length)
     size, spectrum = pmf.grid
     magnitude = np.abs(spectrum) ** max(steps - 1, 0)
-    per = pld_running.ROUNDING_ULPS * U * ((steps + 1) * (math.log2(size) + 1) + pld_running.EXACT_EVERY + 2)
+    per = pld_running.ROUNDING_ULPS * U * ((steps + 1) * (math.log2(size) + 1) + max(steps - 1, 0) + 2)
     pointwise = length * 2 * magnitude.sum() / size * per
     in_norm = math.sqrt(length * 2 * (magnitude ** 2).sum() / size) * per
     return min(pointwise, in_norm) + 2 * length * U

@@ -57,18 +57,20 @@ def test_jumps_and_smaller_step_counts_give_the_from_scratch_epsilon():
         assert _within(pld.epsilon([GaussianEvent(2.0, 0.1, steps)], DELTA), _scratch(2.0, 0.1, steps))
 
 
-def test_the_running_power_is_recomputed_exactly_and_stays_exact(monkeypatch):
-    """More advances than EXACT_EVERY at one discretisation: the value at the end still equals
-    dp-accounting's self-composition (the dense path, which the sparse scan falls back to)."""
+def test_the_binary_power_stays_exact_along_a_run(monkeypatch):
+    """Every step count of a run from 1 on, at one discretisation (the dense path, which the
+    sparse scan falls back to): the value at the end still equals dp-accounting's
+    self-composition."""
     monkeypatch.setattr(pld_running, "SPARSE", False)
     engine = RunningPLD(noise_multiplier=1.5, sample_rate=0.2, discretisation=1e-3)
-    for steps in range(1, pld_running.EXACT_EVERY + 40):
+    for steps in range(1, 168):
         engine.epsilon(steps, DELTA)
-    steps = pld_running.EXACT_EVERY + 40
+    steps = 168
     direct = pld_lib.from_gaussian_mechanism(1.5, value_discretization_interval=1e-3, sampling_prob=0.2)
     dense = max(p.dense_epsilon(steps, DELTA) for p in (engine.remove, engine.add) if p is not None)
+    # epsilon is 10 here: the FFT length alone moves it by 1e-9 (dp-accounting's own length too)
     assert dense == pytest.approx(
-        direct.self_compose(steps).get_epsilon_for_delta(DELTA), abs=1e-9, rel=0)
+        direct.self_compose(steps).get_epsilon_for_delta(DELTA), abs=1e-9, rel=2e-10)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 50, 777])
