@@ -158,7 +158,8 @@ def cpu_by_role(before: dict[int, float], after: dict[int, float]) -> dict[str, 
 def cpu_observer() -> Any:
     """A round observer that records the CPU seconds of this process tree (driver, Ray workers
     and daemons) during each round, in its ``rounds`` list, and split by :func:`role` in
-    ``roles``."""
+    ``roles``; given a Ray ``runner``, also its workers' :meth:`~fedsec.backends.ray_runner.Worker.stats`
+    after each round (asked after the round's CPU is read), in ``workers``."""
     from fedsec.fl_core.history import RoundObserver
 
     class CPUPerRound(RoundObserver):
@@ -166,6 +167,8 @@ def cpu_observer() -> Any:
             self.start: dict[int, float] | None = None
             self.rounds: list[float] = []
             self.roles: list[dict[str, float]] = []
+            self.runner: Any = None
+            self.workers: list[tuple[int, float, float]] = []
 
         def before_round(self, round_index: int) -> None:
             self.start = tree_cpu_seconds()
@@ -175,6 +178,8 @@ def cpu_observer() -> Any:
             if self.start is not None and end is not None:
                 self.rounds.append(cpu_between(self.start, end))
                 self.roles.append(cpu_by_role(self.start, end))
+            if hasattr(self.runner, "pool"):
+                self.workers = self.runner.pool.stats()
 
     return CPUPerRound()
 
@@ -191,15 +196,15 @@ def round_seconds(values: dict[str, Any]
     cpu = cpu_observer()
     start = time.perf_counter()
     experiment = build_experiment(make_config(values), observers=[cpu])
+    cpu.runner = experiment.server.runner
     result = experiment.server.run()
     wall = time.perf_counter() - start
     seconds = [r.seconds for r in result.records]
     if any(r.status != "ok" for r in result.records):
         raise RuntimeError(f"a round aborted: {[r.status for r in result.records]}")
-    runner = experiment.server.runner
-    workers = getattr(runner, "worker_stats", [])
+    workers = cpu.workers
     calls = ({"calls": sum(c for c, _, _ in workers), "in_calls_s": sum(b for _, b, _ in workers),
-              "training_tasks": runner.tasks_sent} if workers else {})
+              "training_tasks": cpu.runner.tasks_sent} if workers else {})
     return seconds, wall - sum(seconds), cpu.rounds, cpu.roles, calls
 
 

@@ -336,9 +336,6 @@ class RayClientRunner(ClientRunner):
         """Global vectors sent to workers so far (once a round to each worker that trains)."""
         self._round = 0
         """Rounds run so far: names the vector each task must train from."""
-        self.worker_stats: list[tuple[int, float, float]] = []
-        """Each worker's (calls, CPU seconds inside them, process CPU seconds) when the run stopped
-        (:meth:`Worker.stats`; the benchmark's split of the workers' CPU)."""
         self._sent: dict[int, tuple[Any, set[int], Any]] = {}
         """What each live worker was sent (by ``id`` of its handle: the handle, the clients whose
         data it holds, the reference of the last round vector it got); a fresh worker starts
@@ -352,7 +349,6 @@ class RayClientRunner(ClientRunner):
         self.pool.configure(model, strategy)
 
     def stop(self) -> None:
-        self.worker_stats = self.pool.stats()
         self.pool.shutdown()
         self._data, self._sent = [], {}
 
