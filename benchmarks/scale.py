@@ -29,9 +29,12 @@ cpu_ratio is the speedup Ray would reach if its rounds kept every core it got bu
 ``local_cpu_roles`` / ``ray_cpu_roles`` split a round's CPU seconds (medians) between the
 ``driver`` (this process), the ``workers`` (Ray's actor processes) and Ray's ``daemons`` (raylet,
 GCS and helpers; their share grows with a round's wall time, since they also tick while idle).
+``ray_worker_calls`` counts the workers' calls a round (training tasks, masking stages) and the
+share of the workers' CPU spent inside them (the clients' own work): the rest is Ray's.
 
 Last stdout line: {"local_s", "ray_s", "speedup", "ray_startup_s", "parallel_capacity", "local_cpu_s",
-"ray_cpu_s", "cpu_ratio", "speedup_bound", "local_cpu_roles", "ray_cpu_roles", "rounds", "cpus", "workload",
+"ray_cpu_s", "cpu_ratio", "speedup_bound", "local_cpu_roles", "ray_cpu_roles", "ray_worker_calls", "rounds",
+"cpus", "workload",
 "federation": {"clients", "per_round", "round_s", "peak_rss_mb", "import_rss_mb", ...}}.
 """
 
@@ -155,7 +158,8 @@ def cpu_by_role(before: dict[int, float], after: dict[int, float]) -> dict[str, 
 def cpu_observer() -> Any:
     """A round observer that records the CPU seconds of this process tree (driver, Ray workers
     and daemons) during each round, in its ``rounds`` list, and split by :func:`role` in
-    ``roles``."""
+    ``roles``; given a Ray ``runner``, also its workers' :meth:`~fedsec.backends.ray_runner.Worker.stats`
+    after each round (asked after the round's CPU is read), in ``workers``."""
     from fedsec.fl_core.history import RoundObserver
 
     class CPUPerRound(RoundObserver):
@@ -163,6 +167,8 @@ def cpu_observer() -> Any:
             self.start: dict[int, float] | None = None
             self.rounds: list[float] = []
             self.roles: list[dict[str, float]] = []
+            self.runner: Any = None
+            self.workers: list[tuple[int, float, float]] = []
 
         def before_round(self, round_index: int) -> None:
             self.start = tree_cpu_seconds()
@@ -172,26 +178,34 @@ def cpu_observer() -> Any:
             if self.start is not None and end is not None:
                 self.rounds.append(cpu_between(self.start, end))
                 self.roles.append(cpu_by_role(self.start, end))
+            if hasattr(self.runner, "pool"):
+                self.workers = self.runner.pool.stats()
 
     return CPUPerRound()
 
 
 def round_seconds(values: dict[str, Any]
-                  ) -> tuple[list[float], float, list[float], list[dict[str, float]]]:
+                  ) -> tuple[list[float], float, list[float], list[dict[str, float]], dict[str, float]]:
     """Per-round seconds of one run, its wall time outside the rounds (start-up), the CPU
-    seconds of the whole process tree in each round, and the same split by :func:`role`."""
+    seconds of the whole process tree in each round, the same split by :func:`role`, and (Ray
+    runs) the workers' calls and the CPU seconds inside them over the whole run (``calls``,
+    ``in_calls_s``, ``training_tasks``; empty for the local backend)."""
     from fedsec.config import make_config
     from fedsec.experiment import build_experiment
 
     cpu = cpu_observer()
     start = time.perf_counter()
     experiment = build_experiment(make_config(values), observers=[cpu])
+    cpu.runner = experiment.server.runner
     result = experiment.server.run()
     wall = time.perf_counter() - start
     seconds = [r.seconds for r in result.records]
     if any(r.status != "ok" for r in result.records):
         raise RuntimeError(f"a round aborted: {[r.status for r in result.records]}")
-    return seconds, wall - sum(seconds), cpu.rounds, cpu.roles
+    workers = cpu.workers
+    calls = ({"calls": sum(c for c, _, _ in workers), "in_calls_s": sum(b for _, b, _ in workers),
+              "training_tasks": cpu.runner.tasks_sent} if workers else {})
+    return seconds, wall - sum(seconds), cpu.rounds, cpu.roles, calls
 
 
 def median_roles(rounds: list[dict[str, float]]) -> dict[str, float] | None:
@@ -199,6 +213,17 @@ def median_roles(rounds: list[dict[str, float]]) -> dict[str, float] | None:
     if not rounds:
         return None
     return {name: round(statistics.median(r[name] for r in rounds), 3) for name in ROLES}
+
+
+def worker_calls(totals: dict[str, float]) -> dict[str, float] | None:
+    """The Ray runs' worker calls a round (training tasks and masking stages), the training tasks
+    a round, and ``in_calls``: the share of the workers' CPU (every round, from /proc) spent inside
+    the calls (the clients' own work; the rest is Ray's: (de)serialising, its threads, waking)."""
+    if not totals["rounds"] or not totals["workers_s"]:
+        return None
+    return {"calls": round(totals["calls"] / totals["rounds"], 1),
+            "training_tasks": round(totals["training_tasks"] / totals["rounds"], 1),
+            "in_calls": round(totals["in_calls_s"] / totals["workers_s"], 3)}
 
 
 def federation(clients: int, rounds: int) -> dict[str, Any]:
@@ -251,9 +276,15 @@ def main() -> None:
     remote_cpu: list[float] = []
     startups: list[float] = []
     roles: dict[str, list[dict[str, float]]] = {"local": [], "ray": []}
+    in_calls = {"calls": 0.0, "in_calls_s": 0.0, "training_tasks": 0.0, "workers_s": 0.0, "rounds": 0.0}
     for backend in ("local", "ray", "ray", "local"):  # ABBA: drift in the machine's load cancels
         log(f"speed: {backend} backend" + (f", {args.cpus} CPUs" if backend == "ray" else ""))
-        seconds, startup, cpu, split = round_seconds(speed if backend == "local" else ray_config)
+        seconds, startup, cpu, split, calls = round_seconds(speed if backend == "local" else ray_config)
+        if calls:
+            for key, value in calls.items():
+                in_calls[key] += value
+            in_calls["workers_s"] += sum(r["workers"] for r in split)
+            in_calls["rounds"] += len(seconds)
         roles[backend].extend(split[1:])
         (local if backend == "local" else remote).extend(seconds)
         # the first round of a run warms caches and (on Ray) the workers' imports: left out
@@ -274,6 +305,7 @@ def main() -> None:
           "cpu_ratio": round(cpu_ratio, 3) if cpu_ratio is not None else None,
           "speedup_bound": (round(min(args.cpus, capacity) / cpu_ratio, 2) if cpu_ratio else None),
           "local_cpu_roles": median_roles(roles["local"]), "ray_cpu_roles": median_roles(roles["ray"]),
+          "ray_worker_calls": worker_calls(in_calls),
           "local_rounds": [round(s, 3) for s in local], "ray_rounds": [round(s, 3) for s in remote],
           "workload": "digits cnn, 50 clients, E=5, B=10, masking (complete), no DP",
           "federation": size, "machine_cpus": os.cpu_count()})

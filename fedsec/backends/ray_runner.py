@@ -61,14 +61,15 @@ LOST_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
 
 DEPTH = 2
 """Training tasks queued on one worker at once: the next is already there when one ends (a worker
-that dies loses the clients of at most this many tasks)."""
+that dies loses the clients of at most this many tasks).
 
-SHARE = 4
-"""Each training task takes 1 / (SHARE x workers) of the round's clients not yet sent (at least
-one): a run of consecutive clients, large first and single clients at the end (guided
-self-scheduling). Ray's cost per task (about 1.3 ms of a worker's CPU, some of the driver's) is
-paid about 25 times a round of 50 clients on 2 workers instead of 50, and the last tasks are
-small enough to even out the workers' finishing times."""
+Each training task takes 1 / (depth x workers) of the round's clients not yet sent (at least one):
+a run of consecutive clients, large first and single clients at the end (guided self-scheduling,
+counting the tasks each worker has out at once). Ray's cost per task (a worker's and the driver's
+CPU, a wake-up of each) is paid about 14 times a round of 50 clients on 2 workers; the session-6
+split, 1 / (4 x workers), paid it about 25 times. The last tasks are single clients either way, so
+the workers still finish together (the schedule simulated with equal clients: 25 / 25 clients,
+the last worker done within 3 ms of the first; with one worker 20% slower: 28 / 22)."""
 
 
 def _drop_stream(random: SecureRandom) -> None:
@@ -136,9 +137,22 @@ class Worker:
         the round only."""
         self.vector_round = -1
         """The runner's round number of ``vector``."""
+        self.calls = 0
+        """Training and masking calls answered so far."""
+        self.busy = 0.0
+        """CPU seconds this process's calling thread spent inside those calls (the clients' own
+        work); the rest of the process's CPU is Ray's (receiving, (de)serialising, its threads)."""
 
     def pid(self) -> int:
         return os.getpid()
+
+    def stats(self) -> tuple[int, float, float]:
+        """(calls answered, CPU seconds inside them, CPU seconds of this whole process so far)."""
+        return self.calls, self.busy, time.process_time()
+
+    def _count(self, started: float) -> None:
+        self.calls += 1
+        self.busy += time.thread_time() - started
 
     def configure(self, model: nn.Module, strategy: Strategy) -> None:
         self.model, self.strategy = model, strategy
@@ -154,6 +168,16 @@ class Worker:
         that round's (never an older one). ``data`` are the training sets of the clients ``fresh``
         (those this worker has not held before: Ray resolves them from the object store before the
         call), kept for later rounds."""
+        started = time.thread_time()
+        try:
+            return self._update_many(round_number, vector, clients, seeds, streams, fresh, data)
+        finally:
+            self._count(started)
+
+    def _update_many(self, round_number: int, vector: np.ndarray | None, clients: Sequence[int],
+                     seeds: Sequence[int], streams: Sequence[tuple[str, int] | None], fresh: Sequence[int],
+                     data: Sequence[Any]
+                     ) -> list[tuple[LocalResult | None, list[tuple[float, float, int]], int | None]]:
         if vector is not None:
             self.vector, self.vector_round = vector, round_number
         self.data.update(zip(fresh, data, strict=True))
@@ -190,6 +214,14 @@ class Worker:
                specs: Mapping[int, ClientSpec] | None = None) -> list[tuple[int, Handled]]:
         """Each hosted client's answer to its message; ``specs`` (the round's first call) builds
         this worker's clients of round ``key`` first."""
+        started = time.thread_time()
+        try:
+            return self._handle(key, messages, specs)
+        finally:
+            self._count(started)
+
+    def _handle(self, key: int, messages: Sequence[tuple[int, bytes]],
+                specs: Mapping[int, ClientSpec] | None) -> list[tuple[int, Handled]]:
         if specs is not None:
             self.host(key, specs)
         clients, answers = self.rounds[key], []
@@ -254,6 +286,16 @@ class WorkerPool:
         except LOST_ERRORS as error:
             raise BackendError(f"the Ray workers did not start: {type(error).__name__}") from None
 
+    def stats(self) -> list[tuple[int, float, float]]:
+        """Each live worker's :meth:`Worker.stats` (none of a worker that does not answer)."""
+        answers = []
+        for actor in self._actors:
+            try:
+                answers.append(ray.get(actor.stats.remote()))
+            except ray.exceptions.RayError:  # died, or Ray itself went away: nothing to count
+                continue
+        return answers
+
     def replace(self, slot: int) -> None:
         """Put a fresh worker in ``slot`` (its worker died)."""
         ray.kill(self._actors[slot], no_restart=True)
@@ -283,7 +325,7 @@ class RayClientRunner(ClientRunner):
         self.depth = DEPTH
         """Tasks queued on one worker at once, >= 1."""
         self.chunk = 0
-        """Clients trained by one task, >= 1; 0 = guided (see ``SHARE``)."""
+        """Clients trained by one task, >= 1; 0 = guided (see ``DEPTH``)."""
         self.tasks_sent = 0
         """Training tasks sent to the workers so far (fewer than the clients when runs form)."""
         self.redone = 0
@@ -377,7 +419,7 @@ class RayClientRunner(ClientRunner):
         free = [slot for _ in range(self.depth) for slot in range(len(actors))]
         while first < len(tasks) or running:
             while first < len(tasks) and free:
-                size = self.chunk or max(1, (len(tasks) - first) // (SHARE * len(actors)))
+                size = self.chunk or max(1, (len(tasks) - first) // (self.depth * len(actors)))
                 slot, run = free.pop(0), range(first, min(first + size, len(tasks)))
                 first, actor = run.stop, actors[slot]
                 streams = [None if plan is None else plan[i][:2] for i in run]

@@ -91,3 +91,32 @@ def test_a_worker_missing_its_inputs_loses_those_clients_then_gets_everything_ag
             ray.get(actor.update_many.remote(runner._round + 1, None, [0], [0], [None], []))
     finally:
         runner.stop()
+
+
+def test_tasks_take_a_share_of_the_clients_left_and_the_workers_count_their_calls(ray_local):
+    """Each task takes 1 / (depth x workers) of the clients not yet sent (at least one): 20 clients
+    on 2 workers with 2 tasks queued each go as runs of 5, 3, 3, 2, 1, ... (11 tasks, not 20);
+    every task is one counted call of a worker, with some CPU inside it and no more than the
+    worker process used in all."""
+    rng = np.random.default_rng(7)
+    clients = tuple(ArrayDataset(rng.normal(size=(6, 5)).astype(np.float32),
+                                 rng.integers(0, 2, 6).astype(np.int64)) for _ in range(20))
+    data = FederatedDataset(name="twenty", clients=clients, test=clients[0], n_classes=2, input_shape=(5,),
+                            standardize=False)
+    strategy = FedAvg(trainer=TorchTrainer(epochs=1, batch_size=3, lr=0.1))
+    model = build_model("logreg", input_shape=(5,), n_classes=2, seed=0)
+    runner = RayClientRunner(WorkerPool(workers=2))
+    runner.start(model=model, strategy=strategy, data=data)
+    vector = np.zeros(sum(p.numel() for p in model.parameters()), np.float32)
+    try:
+        outcomes = list(runner.run(vector, [ClientTask(c, c) for c in range(20)]))
+        assert all(not isinstance(o, ClientFailure) for o in outcomes)
+        # left 20, 15, 12, 9, 7, 6, 5, 4, 3, 2, 1: runs of 5, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1
+        assert runner.tasks_sent == 11
+        stats = runner.pool.stats()
+        assert len(stats) == 2
+        assert sum(calls for calls, _, _ in stats) == 11
+        for calls, inside, process in stats:
+            assert calls >= 1 and 0 < inside <= process
+    finally:
+        runner.stop()
