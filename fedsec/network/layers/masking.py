@@ -58,6 +58,7 @@ from fedsec.network.layers.base import (
     CoordinatorContext,
     CoordinatorLayer,
     SiteContext,
+    OUT_OF_ORDER,
     SiteLayer,
     first_message,
     round_floor,
@@ -223,10 +224,18 @@ class MaskingSite(SiteLayer):
     the framework answers each at most once and closes the layer after the unmask stage."""
 
     STAGES = ("advertise keys", "share keys", "masked input", "consistency check", "unmask")
+    INPUT_STAGE = "masked input"
+    """Keys, shares and commitments do not depend on the input: an evaluation's session may be set
+    up before its sums exist, and take them at its masked-input stage."""
+    CLIENT_STAGES = dict(zip(STAGES, ("AwaitParams", "AwaitKeyList", "AwaitShares", "AwaitConsistency",
+                                      "AwaitUnmask"), strict=True))
+    """The :class:`MaskedClient` state each stage's message is for: a message labelled with
+    another stage than the one the client is at is refused (``OUT_OF_ORDER``), so the label the
+    framework's order rule sees is the protocol's."""
 
-    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
-                 weight: int) -> None:
-        super().__init__(context, setup=setup, vector=vector, weight=weight)
+    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray | None,
+                 weight: int, length: int | None = None) -> None:
+        super().__init__(context, setup=setup, vector=vector, weight=weight, length=length)
         config, s = context.config, context.config.secure
         purpose, round_index = setup.get("purpose"), setup.get("round")
         session, certificates = setup.get("session"), setup.get("certificates")
@@ -240,6 +249,8 @@ class MaskingSite(SiteLayer):
         if len(session_id) != SESSION_BYTES:
             raise ClientAbort(BAD_SETUP)
         update = purpose == "update"
+        if vector is None and update:  # only statistics (an evaluation's sums) are given late
+            raise ClientAbort(BAD_SETUP)
         client_level = update and config.dp.mode == "client"
         if client_level and context.client_noise is None:
             raise ClientAbort(NO_NOISE)
@@ -270,7 +281,7 @@ class MaskingSite(SiteLayer):
                 raise ClientAbort(BAD_SETUP)
             self.noise = (context.client_noise, share_stream(config, offset))
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
-                                   update=vector, weight=weight, rng=rng,
+                                   update=vector, weight=weight, rng=rng, length=self.length,
                                    signing_key=context.identity if s.active else None, directory=directory,
                                    policy=policy, sessions=context.sessions,
                                    noise=self._draw if self.noise is not None else None)
@@ -289,6 +300,13 @@ class MaskingSite(SiteLayer):
         if directory.get(ctx.client_id) != ctx.identity.public:
             raise ClientAbort(NOT_OURS)
         return directory
+
+    def take_input(self, vector: np.ndarray, weight: int) -> None:
+        self.client.provide(vector, weight)
+
+    def check_stage(self, stage: str) -> None:
+        if self.client.stage != self.CLIENT_STAGES[stage]:
+            raise ClientAbort(OUT_OF_ORDER)
 
     def answer(self, stage: str, message: bytes) -> bytes | None:
         if self.noise is not None and self.shares is None:
