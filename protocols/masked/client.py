@@ -548,7 +548,8 @@ class MaskedClient:
                  sessions: SessionRecord | None = None, length: int | None = None) -> None:
         if update is None:
             if not _is_int(length) or length < 1:
-                raise ValueError(f"a client without an input needs its length, an integer >= 1, got {length!r}")
+                raise ValueError(f"a client without an input needs its length (an integer >= 1), "
+                                 f"got {length!r}")
         else:
             length = int(update.size)
         ctx = _Context(client_id, session, round_index, update, weight, rng, signing_key,

@@ -55,10 +55,10 @@ from fedsec.network.client_noise import (
 )
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
+    OUT_OF_ORDER,
     CoordinatorContext,
     CoordinatorLayer,
     SiteContext,
-    OUT_OF_ORDER,
     SiteLayer,
     first_message,
     round_floor,
