@@ -131,6 +131,14 @@ class MaskingCoordinator(CoordinatorLayer):
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
+        return self.drive(self.open(round_index, updates, purpose=purpose))
+
+    def open(self, round_index: int, updates: Sequence[ClientUpdate], *,
+             purpose: Purpose = "update") -> MaskedSession:
+        """A new aggregation of the contributions of ``updates``' sites, drawing from the run
+        generator what :meth:`aggregate` draws (the sites' rounding seeds, then the ring's order),
+        nothing exchanged yet: :meth:`drive` runs it, or another aggregation's exchanges carry its
+        first stages (:class:`MaskedSession`)."""
         ctx, s = self.context, self.context.config.secure
         ids = [int(u.client_id) for u in updates]
         self.last_dropped = {c: "the aggregation aborted" for c in ids}
@@ -156,45 +164,26 @@ class MaskingCoordinator(CoordinatorLayer):
         server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                               encoder=encoder, length=length, active=s.active, directory=directory,
                               corrupt=s.corrupt, population=population, workers=s.workers)
-        upload, first = 0, True
-        answered: set[int] = set()
-        try:
-            while not server.done:
-                stage = server.stage
-                outgoing = server.outgoing()
-                for c, m in outgoing.items():
-                    self.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
-                if first:
-                    setup = {"layer": self.name, "purpose": purpose, "round": round_index,
-                             "session": nonce.hex(), "certificates": certificates}
-                    offsets = self._noise_offsets(list(outgoing), noise, length)
-                    outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if self.reproducible
-                                                              else {}), **offsets.get(c, {})}, m)
-                                for c, m in outgoing.items()}
-                    first = False
-                replies = ctx.exchange(stage, outgoing)
-                for c in sorted(replies):
-                    upload += len(replies[c])
-                    self.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
-                    answered.add(c)
-                    server.receive(c, replies[c])
-                server.close()
-            total, survivors = server.result()
-        except (SecAggError, MalformedMessage) as error:
-            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
-        finally:
-            self.last_misbehaved = server.misbehaved
-        self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
-                             for c in ids if c not in set(survivors)}
-        weighted, total_weight, clipped = encoder.decode(remove_offsets(total, len(survivors), noise))
-        in_sum = set(survivors)
-        return AggregateResult(
-            weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
-            dropped=tuple(c for c in ids if c not in in_sum), upload_bytes=upload,
-            metrics={"clipped": float(clipped), "rejected": float(len(server.rejected)),
-                     "misbehaved": float(len(server.misbehaved)),
-                     "client_aborts": float(len([c for c in ids if c not in answered])),
-                     "secagg_degree": float(degree), "secagg_threshold": float(threshold)})
+        setup = {"layer": self.name, "purpose": purpose, "round": round_index, "session": nonce.hex(),
+                 "certificates": certificates}
+        # the first stage's recipients, in the order of its messages (only read under seeded noise)
+        order = list(server.outgoing()) if noise is not None and self.reproducible else []
+        offsets = self._noise_offsets(order, noise, length)
+        setups = {c: {**setup, **({"seed": seeds[c]} if self.reproducible else {}), **offsets.get(c, {})}
+                  for c in ids}
+        return MaskedSession(layer=self, round_index=round_index, purpose=purpose, ids=ids, server=server,
+                             encoder=encoder, noise=noise, setups=setups, degree=degree, threshold=threshold)
+
+    def drive(self, session: MaskedSession) -> AggregateResult:
+        """Run ``session``'s remaining stages over :attr:`CoordinatorContext.exchange`; its sum.
+
+        Raises:
+            ProtocolAbort: the aggregation cannot complete (now, or in a stage another
+                aggregation's exchanges carried)."""
+        while not session.done:
+            stage, outgoing = session.outgoing()
+            session.take(self.context.exchange(stage, outgoing))
+        return session.result()
 
     def _noise_offsets(self, order: list[int], noise: SkellamShares | None,
                        length: int) -> dict[int, dict[str, int]]:
@@ -215,6 +204,103 @@ class MaskingCoordinator(CoordinatorLayer):
         if missing:
             raise ProtocolAbort(f"no verified certificate on record for {', '.join(missing)}")
         return {c: identity_bytes(ctx.peers[ctx.names[c]].identity_key) for c in ids}
+
+
+class MaskedSession:
+    """One masked aggregation in flight at the coordinator (built by :meth:`MaskingCoordinator.open`).
+
+    It is stepped by whoever carries its messages: :meth:`outgoing` gives the current stage's
+    messages (the first stage's carry each site's setup), :meth:`take` the replies that came back
+    (and ends the stage). :attr:`before_input` is True while its next stage does not depend on the
+    sites' contributions (advertise keys, share keys): those stages may travel in the calls of
+    another aggregation (the update's), see docs/deployment.md. A failure of the protocol in any
+    stage is kept and raised by :meth:`result` (never into the aggregation that carried it).
+    """
+
+    PRE_INPUT = ("advertise keys", "share keys")
+
+    def __init__(self, *, layer: MaskingCoordinator, round_index: int, purpose: str, ids: list[int],
+                 server: MaskedServer, encoder: Any, noise: SkellamShares | None,
+                 setups: dict[int, dict[str, Any]], degree: int, threshold: int) -> None:
+        self.layer, self.round_index, self.purpose, self.ids = layer, round_index, purpose, ids
+        self.server, self.encoder, self.noise, self.setups = server, encoder, noise, setups
+        self.degree, self.threshold = degree, threshold
+        self.failure: str | None = None
+        self.upload = 0
+        self.answered: set[int] = set()
+        self._first = True
+
+    @property
+    def done(self) -> bool:
+        return self.failure is not None or self.server.done
+
+    @property
+    def stage(self) -> str:
+        return self.server.stage
+
+    @property
+    def before_input(self) -> bool:
+        return not self.done and self.server.stage in self.PRE_INPUT
+
+    def outgoing(self) -> tuple[str, dict[int, bytes]]:
+        """``(stage, {client: message})`` of the current stage."""
+        stage = self.server.stage
+        try:
+            outgoing = self.server.outgoing()
+        except (SecAggError, MalformedMessage) as error:
+            self._fail(f"masked round failed: {type(error).__name__}")
+            return stage, {}
+        for c, m in outgoing.items():
+            self.layer.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
+        if self._first:
+            outgoing = {c: first_message(self.setups[c], m) for c, m in outgoing.items()}
+            self._first = False
+        return stage, outgoing
+
+    def take(self, replies: dict[int, bytes]) -> None:
+        """The current stage's replies (a site absent from ``replies`` dropped out); ends the stage."""
+        if self.done:
+            return
+        try:
+            for c in sorted(replies):
+                self.upload += len(replies[c])
+                self.layer.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
+                self.answered.add(c)
+                self.server.receive(c, replies[c])
+            self.server.close()
+        except (SecAggError, MalformedMessage) as error:
+            self._fail(f"masked round failed: {type(error).__name__}")
+        except ProtocolAbort as abort:
+            self._fail(str(abort))
+        finally:
+            self.layer.last_misbehaved = self.server.misbehaved
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self.layer.last_misbehaved = self.server.misbehaved
+
+    def result(self) -> AggregateResult:
+        """The aggregation's sum; ProtocolAbort when it failed or has not completed."""
+        layer, server, ids = self.layer, self.server, self.ids
+        layer.last_misbehaved = server.misbehaved
+        if self.failure is not None:
+            raise ProtocolAbort(self.failure)
+        try:
+            total, survivors = server.result()
+        except (SecAggError, MalformedMessage) as error:
+            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
+        layer.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
+                              for c in ids if c not in set(survivors)}
+        words = remove_offsets(total, len(survivors), self.noise)
+        weighted, total_weight, clipped = self.encoder.decode(words)
+        in_sum = set(survivors)
+        return AggregateResult(
+            weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
+            dropped=tuple(c for c in ids if c not in in_sum), upload_bytes=self.upload,
+            metrics={"clipped": float(clipped), "rejected": float(len(server.rejected)),
+                     "misbehaved": float(len(server.misbehaved)),
+                     "client_aborts": float(len([c for c in ids if c not in self.answered])),
+                     "secagg_degree": float(self.degree), "secagg_threshold": float(self.threshold)})
 
 
 class MaskingSite(SiteLayer):
