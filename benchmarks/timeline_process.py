@@ -58,6 +58,8 @@ def install(records: list[dict[str, Any]]) -> None:
         label = _label(kind, headers[0] if headers else {})
         if first is not None:
             label = f"{first.kind}+{label}"
+        if also:
+            label = f"{label}+{_label('layer', next(iter(also.values()))[0])}"
         start_id = self.mailboxes.next_id()
         posted = time.time()
         try:

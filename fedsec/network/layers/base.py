@@ -221,7 +221,7 @@ class SiteLayer(ABC):
             raise ClientAbort(OUT_OF_ORDER)
         self._answered = position
         try:
-            self.check_stage(stage)
+            self.check_stage(stage, message)
             if self.vector is None and stage == self.INPUT_STAGE:
                 if supply is None:
                     raise ClientAbort(NO_INPUT)
@@ -239,9 +239,10 @@ class SiteLayer(ABC):
             self.closed = True
         return reply
 
-    def check_stage(self, stage: str) -> None:
-        """Refuse (``ClientAbort``) a message labelled ``stage`` that the protocol is not at, before
-        any contribution is taken for it (a layer that can tell does; by default nothing)."""
+    def check_stage(self, stage: str, message: bytes) -> None:
+        """Refuse (``ClientAbort``) a message labelled ``stage`` that the protocol is not at, or that
+        is not of this aggregation, before any contribution is taken for it (a layer that can tell
+        does; by default nothing)."""
 
     def take_input(self, vector: np.ndarray, weight: int) -> None:
         """A late contribution, at :attr:`INPUT_STAGE` (a layer that sets it implements this)."""

@@ -67,8 +67,17 @@ from fedsec.network.pki import verify_peer
 from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
+from fedsec.protocols.masked import client as client_reasons
 from fedsec.protocols.masked.graph import shuffled_ring
-from fedsec.protocols.masked.messages import SESSION_BYTES, SessionParams, decode
+from fedsec.protocols.masked.messages import (
+    SESSION_BYTES,
+    ConsistencyRequest,
+    ForwardedShares,
+    KeyList,
+    SessionParams,
+    UnmaskRequest,
+    decode,
+)
 from fedsec.protocols.masked.workers import shared_pool
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.secagg.errors import SecAggError
@@ -172,7 +181,8 @@ class MaskingCoordinator(CoordinatorLayer):
         setups = {c: {**setup, **({"seed": seeds[c]} if self.reproducible else {}), **offsets.get(c, {})}
                   for c in ids}
         return MaskedSession(layer=self, round_index=round_index, purpose=purpose, ids=ids, server=server,
-                             encoder=encoder, noise=noise, setups=setups, degree=degree, threshold=threshold)
+                             encoder=encoder, noise=noise, setups=setups, degree=degree, threshold=threshold,
+                             session=session)
 
     def drive(self, session: MaskedSession) -> AggregateResult:
         """Run ``session``'s remaining stages over :attr:`CoordinatorContext.exchange`; its sum.
@@ -221,8 +231,10 @@ class MaskedSession:
 
     def __init__(self, *, layer: MaskingCoordinator, round_index: int, purpose: str, ids: list[int],
                  server: MaskedServer, encoder: Any, noise: SkellamShares | None,
-                 setups: dict[int, dict[str, Any]], degree: int, threshold: int) -> None:
+                 setups: dict[int, dict[str, Any]], degree: int, threshold: int, session: bytes) -> None:
         self.layer, self.round_index, self.purpose, self.ids = layer, round_index, purpose, ids
+        self.session = session
+        """The masked session id every message of this aggregation carries."""
         self.server, self.encoder, self.noise, self.setups = server, encoder, noise, setups
         self.degree, self.threshold = degree, threshold
         self.failure: str | None = None
@@ -319,6 +331,10 @@ class MaskingSite(SiteLayer):
     another stage than the one the client is at is refused (``OUT_OF_ORDER``), so the label the
     framework's order rule sees is the protocol's."""
 
+    MESSAGES = dict(zip(STAGES, (SessionParams, KeyList, ForwardedShares, ConsistencyRequest, UnmaskRequest),
+                        strict=True))
+    """The server's message of each stage."""
+
     def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray | None,
                  weight: int, length: int | None = None) -> None:
         super().__init__(context, setup=setup, vector=vector, weight=weight, length=length)
@@ -345,6 +361,8 @@ class MaskingSite(SiteLayer):
         # all carry it), so this site never completes a sum with shares drawn for another mu
         session_id = bound_session(session_id, noise_context(config, context.client_noise)
                                    if client_level else NO_CONTEXT)
+        self.session_id = session_id
+        """The masked session id this site's client runs under."""
         directory = self._directory(certificates) if s.active else None
         seed = setup.get("seed")
         if config.dp.reproducible:
@@ -390,9 +408,18 @@ class MaskingSite(SiteLayer):
     def take_input(self, vector: np.ndarray, weight: int) -> None:
         self.client.provide(vector, weight)
 
-    def check_stage(self, stage: str) -> None:
+    def check_stage(self, stage: str, message: bytes) -> None:
+        """The label is the client's state, and the message is that stage's message of this
+        session and round (the client checks it again): a message of another session (the other
+        purpose's, an earlier round's) is refused before the contribution is taken."""
         if self.client.stage != self.CLIENT_STAGES[stage]:
             raise ClientAbort(OUT_OF_ORDER)
+        try:
+            header, _ = decode(message, expect=self.MESSAGES[stage])
+        except MalformedMessage:
+            raise ClientAbort(client_reasons.MALFORMED) from None
+        if header.session != self.session_id or header.round != self.setup.get("round"):
+            raise ClientAbort(client_reasons.REPLAY)
 
     def answer(self, stage: str, message: bytes) -> bytes | None:
         if self.noise is not None and self.shares is None:
