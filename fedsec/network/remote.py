@@ -167,6 +167,7 @@ class RemoteRound(AggregationProtocol):
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
                 bundle = self._training_bundle(round_index, ids)
             if self.evaluation is not None and hasattr(self.layer, "open"):
+                # the evaluation's stages that need no sums ride in this aggregation's first calls
                 rider = self.evaluation.open_evaluation(round_index)
         noisy = purpose == "update" and self.client_noise is not None
         if noisy:
