@@ -460,3 +460,66 @@ KNOWN = {
 }
 """Every typed refusal the search may meet (a new one fails the test: look at it)."""
 assert SiteJobs.PURPOSES == ("update", "statistics")
+
+
+def test_the_hub_packs_a_second_stage_into_each_call_and_splits_the_answers(deployment, tmp_path):
+    """The coordinator's ``Hub.exchange(also=...)`` with the sites' unmodified job runner behind
+    its mailboxes (the gRPC hop left out): a site with both parts gets one job, a site with only the
+    second gets a job of its own, and a refused second part drops that site from that session only."""
+    import threading
+
+    from fedsec.secagg.keys import SigningKey
+
+    from fedsec.network import envelope
+    from fedsec.network.coordinator import Hub, SiteInfo
+    from fedsec.network.party_audit import PartyAudit
+
+    ring = Ring(deployment, tmp_path / "ring")
+    (tmp_path / "hub").mkdir()
+    audit = PartyAudit(tmp_path / "hub", actor="coordinator", key=SigningKey.generate(), run_id="ab" * 8)
+    coordinator = deployment.coordinator
+    hub = Hub(config=ring.config, plan_bytes=deployment.plan.read_bytes(),
+              trust=pki.Trust.load(deployment.ca), cert_pem=coordinator.cert.read_bytes(),
+              key_pem=coordinator.key.read_bytes(), audit=audit, listen="127.0.0.1:0")
+    names = hub.names
+    for k, name in enumerate(names):
+        hub.sites[name] = SiteInfo(name, k, 1, 1, (1,), 2)
+    calls = {name: 0 for name in names}
+    result: dict[str, Any] = {}
+    try:
+        upd, ev = ring.sessions["update"], ring.sessions["statistics"]
+        stage, out = upd.outgoing()
+        second, extra = ev.outgoing()
+        jobs = {names[c]: ({"stage": stage, "purpose": "update"}, out[c]) for c in (0, 1)}
+        also = {names[c]: ({"purpose": "statistics", "stage": second}, extra[c]) for c in range(N)}
+        also[names[1]] = ({"purpose": "statistics", "stage": second}, out[1])  # another session's message
+        # the hub waits for the answers in a thread; the sites (whose site.db belongs to this
+        # thread) work the jobs posted to their mailboxes here
+        waiting = threading.Thread(target=lambda: result.update(
+            answers=hub.exchange("layer", ROUND, jobs, 30.0, also=also)))
+        waiting.start()
+        while waiting.is_alive():
+            for k, name in enumerate(names):
+                job = hub.mailboxes.poll(name, 0.05)
+                if job is None:
+                    continue
+                header, body = envelope.decode(job[1])
+                calls[name] += 1
+                answer, reply = ring.parties[k].jobs.run(job[0], header, body, header.get("round"))
+                hub.mailboxes.answer(name, job[0], envelope.encode(answer, reply))
+        waiting.join()
+        answers = result["answers"]
+        assert set(answers) == {names[0], names[1]} and set(hub.also_answers) == {names[0], names[2]}
+        assert calls == {names[0]: 1, names[1]: 1, names[2]: 1}  # one call a site, whatever it carries
+        for name, (header, body) in answers.items():
+            assert header["ok"] is True
+            ring.check("update", body)
+        for body in hub.also_answers.values():
+            ring.check("statistics", body)
+        assert ring.foreign == []
+        assert set(ring.parties[1].jobs.layers) == {"update"}  # its evaluation layer refused the message
+        assert set(ring.parties[2].jobs.layers) == {"statistics"}
+    finally:
+        hub.mailboxes.close()
+        audit.close()
+        ring.close()
