@@ -142,7 +142,7 @@ class RemoteRound(AggregationProtocol):
         updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0) for k in ids]
         try:
             self.opened = opener(round_index, updates, purpose="statistics")
-        except ProtocolAbort:  # too few sites for the sum's parameters: the evaluation aborts later
+        except ProtocolAbort:  # refused before any draw: the evaluation opens it again, and aborts
             self.opened = None
         return self.opened
 

@@ -161,6 +161,9 @@ class MaskingCoordinator(CoordinatorLayer):
             noise = rule.shares(threshold, self.rules.tolerated_colluders(n), stream)
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=ctx.max_weight, clip=s.clip,
                               bits=s.bits, noise=noise)
+        # every refusal (ProtocolAbort) comes before the generator's draws: an aggregation that
+        # could not be opened ahead is opened again later with the same draws
+        directory = self._directory(ids) if s.active else None
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
         graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
         nonce = os.urandom(SESSION_BYTES)
@@ -168,7 +171,6 @@ class MaskingCoordinator(CoordinatorLayer):
                                 if noise is not None else NO_CONTEXT)
         certificates = {str(c): ctx.certificates[ctx.names[c]].decode() for c in ids
                         if ctx.names[c] in ctx.certificates}
-        directory = self._directory(ids) if s.active else None
         population = self.rules.population_for(n)
         server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                               encoder=encoder, length=length, active=s.active, directory=directory,
