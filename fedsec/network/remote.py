@@ -166,9 +166,11 @@ class RemoteRound(AggregationProtocol):
                     raise ProtocolAbort("no site trained before the deadline")
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
                 bundle = self._training_bundle(round_index, ids)
-            if self.evaluation is not None and hasattr(self.layer, "open"):
-                # the evaluation's stages that need no sums ride in this aggregation's first calls
-                rider = self.evaluation.open_evaluation(round_index)
+                if self.evaluation is not None and hasattr(self.layer, "open"):
+                    # the evaluation's stages that need no sums ride in this aggregation's first
+                    # calls (not under reproducible DP-SGD, whose sites train one by one first: a
+                    # plan for checking a deployment against the simulation, kept as it was)
+                    rider = self.evaluation.open_evaluation(round_index)
         noisy = purpose == "update" and self.client_noise is not None
         if noisy:
             if not hasattr(self.layer, "client_noise") or self.noise_multiplier is None:
