@@ -178,6 +178,14 @@ class Hub:
         another party (the Paillier key holder); set by ``fedsec serve``."""
         self.bundle: Bundle | None = None
         """Jobs for the next ``layer`` exchange to carry (set by the round, taken by :meth:`take_bundle`)."""
+        self.purpose: str | None = None
+        """The purpose of the aggregation in flight (what each ``layer`` job names)."""
+        self.rider: Any = None
+        """Another aggregation whose stages that do not depend on the sites' contributions travel in
+        the calls of the one in flight (a :class:`~fedsec.network.layers.masking.MaskedSession`,
+        set by :class:`~fedsec.network.remote.RemoteRound` for an update's round)."""
+        self.also_answers: dict[str, bytes] = {}
+        """The replies of the second stage messages of the last :meth:`exchange` (``also``)."""
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
                                           handler=self.handle, roster=frozenset(self.names), roles=("site",),
@@ -311,26 +319,47 @@ class Hub:
                                        body)
 
     def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
-                 deadline: float, *, first: Bundle | None = None) -> dict[str, tuple[dict[str, Any], bytes]]:
+                 deadline: float, *, first: Bundle | None = None,
+                 also: Mapping[str, tuple[dict[str, Any], bytes]] | None = None
+                 ) -> dict[str, tuple[dict[str, Any], bytes]]:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded).
         With ``first`` (a ``layer`` exchange), each of its sites gets its first job bundled with
-        its stage message (see :class:`Bundle`)."""
-        present = {name: job for name, job in jobs.items() if name in self.sites and name not in self.absent}
+        its stage message (see :class:`Bundle`). With ``also`` (a ``layer`` exchange:
+        ``{site: ({purpose, stage}, message)}``, another aggregation's stage), each of its sites
+        gets that message in the same call, as its job's second part, or as a ``layer`` job of its
+        own when ``jobs`` has none for it (see :class:`~fedsec.network.site.SiteJobs`); the replies
+        that came back ok are in :attr:`also_answers`, the others are recorded dropouts."""
+        also = also or {}
+        ready = {name for name in set(jobs) | set(also) if name in self.sites and name not in self.absent}
         joins = dict(self.joins)
-        posted = {}
-        for name, (header, body) in present.items():
+        posted, alone = {}, set()
+        for name in [*jobs, *(n for n in also if n not in jobs)]:
+            if name not in ready:
+                continue
+            if name not in jobs:  # only the other aggregation's stage: a layer job of its own
+                alone.add(name)
+                posted[name] = self.job(kind, round_index, *also[name])
+                continue
+            header, body = jobs[name]
             if first is not None and name in first.jobs:
                 first_header, first_body = first.jobs[name]
                 header = {**header, "first": {"kind": first.kind, "round": round_index, **first_header},
                           "first_size": len(first_body)}
                 body = first_body + body
+            if name in also:
+                second_header, second = also[name]
+                header = {**header, "also": {**second_header, "size": len(second)}}
+                body = body + second
             posted[name] = self.job(kind, round_index, header, body)
         stage = kind if first is None else f"{first.kind}+{kind}"
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self.refusals = {}
-        for name in jobs:
+        self.refusals, self.also_answers = {}, {}
+        for name in also:
+            if name in answers and name not in alone:
+                self._second(name, answers, round_index, also[name][0])
+        for name in (*jobs, *sorted(alone)):
             if name not in answers:
                 reason = "no answer before the deadline" if name in posted else "not connected"
                 if name in posted and self.joins.get(name) == joins.get(name):
@@ -344,16 +373,43 @@ class Hub:
                 header, body = {"ok": False, "reason": "malformed answer"}, b""
             if header.get("ok") is not True:
                 reason = str(header.get("reason", "refused"))[:200]
-                self.refusals[name] = reason
-                self.audit.event("dropout", round=round_index, stage=stage,
+                if name not in alone:
+                    self.refusals[name] = reason
+                self.audit.event("dropout", round=round_index, stage=stage if name not in alone else
+                                 f"{kind}/{also[name][0].get('purpose')}",
                                  details={"site": name, "reason": reason})
                 continue
-            good[name] = (header, body)
+            if name in alone:
+                self.also_answers[name] = body
+            else:
+                good[name] = (header, body)
         if first is not None:
             first.sent = True
             first.done({name: answer for name, answer in good.items() if name in first.jobs},
                        dict(self.refusals))
         return good
+
+    def _second(self, name: str, answers: dict[str, bytes], round_index: int | None,
+                second: dict[str, Any]) -> None:
+        """Split a two-part answer: the second part's reply into :attr:`also_answers` (or its
+        refusal, a recorded dropout of that aggregation); the first part stays in ``answers``."""
+        stage = f"layer/{second.get('purpose')}"
+        try:
+            header, body = envelope.decode(answers[name])
+            report = header.get("also")
+            size = report.get("size") if isinstance(report, dict) else None
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(body):
+                raise envelope.MalformedEnvelope("the answer's second part is malformed")
+        except envelope.MalformedEnvelope:
+            self.audit.event("dropout", round=round_index, stage=stage,
+                             details={"site": name, "reason": "malformed answer"})
+            return
+        if report.get("ok") is not True:
+            self.audit.event("dropout", round=round_index, stage=stage,
+                             details={"site": name, "reason": str(report.get("reason", "refused"))[:200]})
+        else:
+            self.also_answers[name] = body[len(body) - size:]
+        answers[name] = envelope.encode(header, body[:len(body) - size])
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Tell every site the run is over (with the released model's digest)."""

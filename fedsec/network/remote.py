@@ -100,6 +100,10 @@ class RemoteRound(AggregationProtocol):
         self.first: Bundle | None = None
         """Jobs the next aggregation's first stage carries (the evaluation's, set by
         :class:`RemoteEvaluator`); taken by :meth:`aggregate`."""
+        self.opened: Any = None
+        """The evaluation's aggregation of this round, opened by the update's round so that its
+        first stages ride in the update's calls (a
+        :class:`~fedsec.network.layers.masking.MaskedSession`); driven by :meth:`aggregate`."""
 
     @property
     def max_weight(self) -> int:
@@ -119,10 +123,38 @@ class RemoteRound(AggregationProtocol):
     def tolerated_colluders(self, n: int) -> int:
         return self.layer.tolerated_colluders(n)
 
+    def present(self) -> list[int]:
+        """The roster positions of the sites connected now (an evaluation's sites)."""
+        hub = self.hub
+        return [k for k, n in enumerate(hub.names) if n in hub.sites and n not in hub.absent]
+
+    def open_evaluation(self, round_index: int) -> Any:
+        """Open this round's evaluation sum (this is the evaluation's round) over the sites present
+        now, drawing what its :meth:`aggregate` would draw from the evaluation's own generator
+        (the simulation's order is kept: the evaluation's draws are of their own stream), so that
+        the update's calls carry its stages that need no contribution; None when its layer cannot
+        be opened ahead (every layer but masking) or no site is present."""
+        opener = getattr(self.layer, "open", None)
+        ids = self.present()
+        if opener is None or not ids:
+            return None
+        length = sums_length(len(self.layer.context.config.data.classes))
+        updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0) for k in ids]
+        try:
+            self.opened = opener(round_index, updates, purpose="statistics")
+        except ProtocolAbort:  # refused before any draw: the evaluation opens it again, and aborts
+            self.opened = None
+        return self.opened
+
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
-        self.hub.round = round_index
+        self.hub.round, self.hub.purpose = round_index, purpose
         bundle, self.first = self.first, None
+        opened, self.opened = self.opened, None
+        if opened is not None and (purpose != "statistics" or opened.round_index != round_index
+                                   or [int(u.client_id) for u in updates] != opened.ids):
+            opened = None  # not the aggregation it was opened for: it is never driven
+        rider = None
         if purpose == "update":
             ids = [int(u.client_id) for u in updates]
             self.replayed = set()
@@ -134,19 +166,27 @@ class RemoteRound(AggregationProtocol):
                     raise ProtocolAbort("no site trained before the deadline")
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
                 bundle = self._training_bundle(round_index, ids)
+                if self.evaluation is not None and hasattr(self.layer, "open"):
+                    # the evaluation's stages that need no sums ride in this aggregation's first
+                    # calls (not under reproducible DP-SGD, whose sites train one by one first: a
+                    # plan for checking a deployment against the simulation, kept as it was)
+                    rider = self.evaluation.open_evaluation(round_index)
         noisy = purpose == "update" and self.client_noise is not None
         if noisy:
             if not hasattr(self.layer, "client_noise") or self.noise_multiplier is None:
                 raise ProtocolAbort(f"the {self.layer.name} layer carries no client-level noise")
             rule = noise_rule(self.layer.context.config, self.noise_multiplier, int(updates[0].vector.size))
             self.layer.client_noise = (rule, self.client_noise.random)
-        self.hub.bundle = bundle
+        self.hub.bundle, self.hub.rider = bundle, rider
         try:
+            if opened is not None:
+                return self.layer.drive(opened)
             return self.layer.aggregate(round_index, updates, purpose=purpose)
         except ProtocolAbort as abort:
             self.hub.audit.event("abort", round=round_index, stage=purpose, details={"reason": str(abort)})
             raise
         finally:
+            self.hub.rider = None
             if bundle is not None:
                 self.hub.bundle = None
                 if not bundle.sent:  # the layer ended before its first stage: no site got the jobs
@@ -244,7 +284,14 @@ class RemoteEvaluator(FederatedEvaluator):
         body = vector_bytes(get_vector(model))
         length = sums_length(self.n_classes)
         protocol = self.protocol
-        if isinstance(protocol, RemoteRound) and protocol.layer.bundles_first_job:
+        if isinstance(protocol, RemoteRound) and protocol.opened is not None:
+            # opened by the update's round (its first stages rode in the update's calls): the
+            # evaluate jobs travel with its next stage, the masked input, to the sites in it
+            present = [names[k] for k in protocol.opened.ids]
+            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present},
+                                    lambda answers, refusals: None)
+            answered = set(present)
+        elif isinstance(protocol, RemoteRound) and protocol.layer.bundles_first_job:
             # the evaluate jobs travel with the sum's first stage: a site that fails one drops out there
             present = [n for n in names if n in hub.sites and n not in hub.absent]
             protocol.first = Bundle("evaluate", {n: ({}, body) for n in present},
@@ -262,7 +309,7 @@ class RemoteEvaluator(FederatedEvaluator):
                                    max_error=self.max_error, attempts=1)
         finally:
             if isinstance(protocol, RemoteRound):
-                protocol.first = None
+                protocol.first, protocol.opened = None, None
 
 
 def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, deadline: float,

@@ -109,9 +109,18 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     held: dict[str, Any] = {}
 
     def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
-        answers = hub.exchange("layer", hub.round, {hub.names[c]: ({"stage": stage}, m)
-                                                   for c, m in messages.items()}, deadline,
-                               first=hub.take_bundle())
+        # another aggregation's stages that need no contribution ride in the same calls (the
+        # evaluation's first two, in the update's first two: docs/deployment.md)
+        rider = hub.rider if hub.rider is not None and hub.rider.before_input else None
+        also = None
+        if rider is not None:
+            second, outgoing = rider.outgoing()
+            also = {hub.names[c]: ({"purpose": rider.purpose, "stage": second}, m)
+                    for c, m in outgoing.items()}
+        jobs = {hub.names[c]: ({"stage": stage, "purpose": hub.purpose}, m) for c, m in messages.items()}
+        answers = hub.exchange("layer", hub.round, jobs, deadline, first=hub.take_bundle(), also=also)
+        if rider is not None:
+            rider.take({hub.names.index(n): body for n, body in hub.also_answers.items()})
         return {hub.names.index(n): body for n, (_, body) in answers.items()}
 
     def protocol(config: ExperimentConfig, data: fl_core.FederatedDataset,

@@ -306,15 +306,35 @@ class SiteJobs:
     jobs one after the other (the first job, then the stage, through the same code, with the same
     checks and records); if the first job is refused the stage is not run and the answer is that
     refusal. The answer carries both parts' fields (the training's ``head``) and the stage's reply.
+
+    The site holds at most one layer per purpose (``update``, ``statistics``), each with its own
+    setup, session and stage order (:meth:`SiteLayer.handle`); a ``layer`` job names the one its
+    stage message is for in ``header["purpose"]`` (absent: the purpose of the setup it carries, or
+    the only layer held). It may carry a second stage message for the *other* purpose's layer
+    (``header["also"] = {purpose, stage, size}``, the last ``size`` bytes of the body): the two
+    parts are answered one after the other, each under its own layer's rules, and each succeeds
+    or is refused on its own; the answer's ``also = {ok, size[, reason]}`` says how the second
+    went, and its reply is the last ``size`` bytes of the answer's body. A setup for statistics
+    that names no pending contribution sets a layer up without one (when the layer can take it
+    late, :attr:`SiteLayer.INPUT_STAGE`): the contribution (an ``evaluate`` job's sums, which may
+    travel bundled with that stage) is consumed in ``site.db`` at that stage, before the stage's
+    reply is computed; the stage without one is refused.
     """
 
     BUNDLED = ("train", "evaluate")
     """Job kinds a ``layer`` job may carry as its first job."""
+    PURPOSES = ("update", "statistics")
 
     def __init__(self, site: Site, *, context: SiteContext, sha: str, state: SiteState) -> None:
         self.site, self.context, self.sha, self.state = site, context, sha, state
-        self.layer: SiteLayer | None = None
+        self.layers: dict[str, SiteLayer] = {}
+        """The layer of each purpose in flight (at most one each)."""
         self.site_layer = LAYERS[context.config.secure.aggregation][1]
+
+    @property
+    def layer(self) -> SiteLayer | None:
+        """A layer in flight (the update's first), or None when none is."""
+        return self.layers.get("update", self.layers.get("statistics"))
 
     def run(self, job: int, header: dict[str, Any], body: bytes,
             round_index: int | None) -> tuple[dict[str, Any], bytes]:
@@ -322,7 +342,11 @@ class SiteJobs:
         kind = header.get("kind")
         answer: dict[str, Any] = {"job": job, "ok": True}
         out = b""
+        also: tuple[str, str, bytes] | None = None
+        purpose = header.get("purpose") if kind == "layer" else None
         try:
+            if kind == "layer" and "also" in header:
+                also, body = second_part(header, body)
             if kind == "layer" and "first" in header:
                 first, first_body, body = bundled(header, body)
                 kind = first["kind"]
@@ -332,7 +356,7 @@ class SiteJobs:
             answer.update(fields)
         except ClientAbort as abort:
             answer, out = {"job": job, "ok": False, "reason": abort.reason}, b""
-            self.layer = None
+            self._drop(purpose)
             self.site._event("abort", {"kind": kind, "reason": abort.reason}, round_index)
         except PolicyRefused as refusal:
             answer, out = {"job": job, "ok": False, "reason": refusal.rule}, b""
@@ -340,23 +364,90 @@ class SiteJobs:
         except (ValueError, ArithmeticError, RuntimeError) as error:  # e.g. torch on a crafted job
             answer, out = {"job": job, "ok": False, "reason": type(error).__name__}, b""
             self.site._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
+        if also is not None:
+            report, extra = self._second(also, round_index)
+            answer["also"] = report
+            out += extra
         return answer, out
+
+    def _second(self, also: tuple[str, str, bytes], round_index: int | None) -> tuple[dict[str, Any], bytes]:
+        """The second stage message of a ``layer`` job, for the other purpose's layer: its report
+        (``{ok, size[, reason]}``) and its reply."""
+        purpose, stage, body = also
+        try:
+            out = self.stage(purpose, stage, body)
+        except ClientAbort as abort:
+            self._drop(purpose)
+            self.site._event("abort", {"kind": "layer", "purpose": purpose, "reason": abort.reason},
+                             round_index)
+            return {"ok": False, "reason": abort.reason, "size": 0}, b""
+        except (ValueError, ArithmeticError, RuntimeError) as error:
+            self._drop(purpose)
+            self.site._event("job_failed", {"kind": "layer", "purpose": purpose,
+                                            "error": type(error).__name__}, round_index)
+            return {"ok": False, "reason": type(error).__name__, "size": 0}, b""
+        return {"ok": True, "size": len(out)}, out
+
+    def _drop(self, purpose: Any) -> None:
+        """An abort: the layer the part was for is gone (every layer when the part named none)."""
+        if purpose in self.layers:
+            del self.layers[purpose]
+        elif purpose is None:
+            self.layers.clear()
 
     def one(self, kind: Any, header: dict[str, Any], body: bytes,
             round_index: int | None) -> tuple[dict[str, Any], bytes]:
         """One job of ``kind`` (no bundle): the answer's extra fields and its body."""
         if kind == "layer":
-            if body[:len(envelope.MAGIC)] == envelope.MAGIC:
-                setup, body = split_first(body)
-                vector, weight = self.site.work.contribution(setup.get("purpose"), setup.get("round"))
-                self.layer = self.site_layer(self.context, setup=setup, vector=vector, weight=weight)
-            if self.layer is None:
-                raise ClientAbort("a stage message without a setup")
-            out = self.layer.handle(str(header.get("stage")), body) or b""
-            if self.layer.closed:  # its last stage answered: a later stage needs a new setup
-                self.layer = None
-            return {}, out
+            return {}, self.stage(header.get("purpose"), str(header.get("stage")), body)
         return self.work(kind, header, body, round_index), b""
+
+    def stage(self, purpose: Any, stage: str, body: bytes) -> bytes:
+        """One stage message for the layer of ``purpose`` (None: the setup's, or the only layer
+        held); a setup (the first message) replaces that purpose's layer. ClientAbort to refuse."""
+        if purpose is not None and purpose not in self.PURPOSES:
+            raise ClientAbort("a stage message for no purpose this site sums")
+        if body[:len(envelope.MAGIC)] == envelope.MAGIC:
+            setup, body = split_first(body)
+            named = setup.get("purpose")
+            if named not in self.PURPOSES or (purpose is not None and named != purpose):
+                raise ClientAbort("the setup's purpose is not the one its stage message names")
+            purpose = named
+            self.layers.pop(purpose, None)
+            self.layers[purpose] = self._set_up(setup)
+        elif purpose is None:
+            if len(self.layers) != 1:
+                raise ClientAbort("a stage message without a setup")
+            purpose = next(iter(self.layers))
+        layer = self.layers.get(purpose)
+        if layer is None:
+            raise ClientAbort("a stage message without a setup")
+        work, setup = self.site.work, layer.setup
+
+        def supply() -> tuple[Any, int]:
+            return work.contribution(setup.get("purpose"), setup.get("round"))
+
+        try:
+            out = layer.handle(stage, body, supply=supply) or b""
+        except ClientAbort:
+            self.layers.pop(purpose, None)
+            raise
+        if layer.closed:  # its last stage answered: a later stage needs a new setup
+            self.layers.pop(purpose, None)
+        return out
+
+    def _set_up(self, setup: dict[str, Any]) -> SiteLayer:
+        """The layer a setup names, with the pending contribution it names (consumed now), or,
+        for statistics none is pending for and a layer that takes its input late, without it."""
+        work = self.site.work
+        purpose, round_index = setup.get("purpose"), setup.get("round")
+        pending = work.pending
+        named = pending is not None and pending.purpose == purpose and pending.round == round_index
+        if not named and purpose == "statistics" and self.site_layer.INPUT_STAGE is not None:
+            return self.site_layer(self.context, setup=setup, vector=None, weight=0,
+                                   length=work.evaluation_length)
+        vector, weight = work.contribution(purpose, round_index)
+        return self.site_layer(self.context, setup=setup, vector=vector, weight=weight)
 
     def work(self, kind: Any, header: dict[str, Any], body: bytes,
              round_index: int | None) -> dict[str, Any]:
@@ -409,6 +500,23 @@ def bundled(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes,
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(body):
         raise envelope.MalformedEnvelope("a bundled first job's size is outside the job's body")
     return first, body[:size], body[size:]
+
+
+def second_part(header: dict[str, Any], body: bytes) -> tuple[tuple[str, str, bytes], bytes]:
+    """``((purpose, stage, message), the rest of the body)`` of a ``layer`` job carrying a second
+    stage message (see :class:`SiteJobs`); ``MalformedEnvelope`` for an ``also`` that is not
+    ``{purpose, stage, size}`` with a purpose the site sums other than the job's own, a string
+    stage, and a size within the body."""
+    also = header.get("also")
+    if not isinstance(also, dict) or set(also) != {"purpose", "stage", "size"}:
+        raise envelope.MalformedEnvelope("a second stage message must be {purpose, stage, size}")
+    purpose, stage, size = also["purpose"], also["stage"], also["size"]
+    if (purpose not in SiteJobs.PURPOSES or purpose == header.get("purpose") or "purpose" not in header
+            or not isinstance(stage, str)):
+        raise envelope.MalformedEnvelope("a second stage message must be for the other purpose")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= len(body):
+        raise envelope.MalformedEnvelope("a second stage message's size is outside the job's body")
+    return (purpose, stage, body[len(body) - size:]), body[:len(body) - size]
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -34,7 +34,7 @@ from fedsec.dp.errors import UnsupportedModelError
 from fedsec.dp.noise import MIN_NOISE_MULTIPLIER
 from fedsec.fl_core.csv_data import ClientData, load_client_csv
 from fedsec.fl_core.errors import NonFiniteError
-from fedsec.fl_core.federated_eval import local_evaluation
+from fedsec.fl_core.federated_eval import local_evaluation, sums_length
 from fedsec.fl_core.parameters import set_vector
 from fedsec.network.client_noise import ClientNoise, noise_rule
 from fedsec.network.envelope import MalformedEnvelope, field, vector_from
@@ -106,6 +106,8 @@ class SiteWork:
         self.model = fl_core.build_model(config.model.name, input_shape=self.input_shape,
                                          n_classes=self.n_classes, seed=0)
         self.length = sum(p.numel() for p in self.model.parameters())
+        self.evaluation_length = sums_length(self.n_classes)
+        """The length of an evaluation's sums (what a statistics session set up before them sums)."""
 
     @classmethod
     def load(cls, config: ExperimentConfig, *, name: str, path: Path, record: Any = None) -> SiteWork:

@@ -65,6 +65,8 @@ INCONSISTENT = "survivor lists disagree"
 ATTESTATION = "a survivor's partner attestation is missing, invalid or names fewer than t survivors"
 ABORTED = "client has aborted"
 SECOND_INSTANCE = "this identity already took part in this session and round"
+NO_INPUT = "the masked-input stage came before this client was given its input"
+BAD_INPUT = "the input does not fit the session, or came twice or after the masked-input stage"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +158,7 @@ class _Context:
     client_id: int
     session: bytes
     round_index: int
-    update: np.ndarray
+    update: np.ndarray | None
     weight: int
     rng: np.random.Generator
     signing_key: crypto.SigningKey | None
@@ -180,6 +182,24 @@ class _Context:
     digest: bytes = b""
     box_keys: dict[int, bytes] = field(default_factory=dict)
     clipped: int = 0
+    length: int = 0
+
+    def encode(self, refusal: str) -> None:
+        """Encode the input (and add the noise) with the session's encoder: at the parameters
+        stage for an input given at construction, at the masked-input stage for a late one; an input
+        the encoder refuses (e.g. a weight above the public bound) aborts with ``refusal``."""
+        p, encoder, update = self.params, self.encoder, self.update
+        assert p is not None and encoder is not None and update is not None
+        try:
+            encoded = encoder.encode(update, self.weight, rng=self.rng)
+        except SecAggError:
+            raise ClientAbort(refusal) from None
+        if self.noise is not None:
+            extra = self.noise(p.length)
+            if extra.shape != (p.length,) or int(extra.min()) < 0 or int(extra.max()) > p.word_slack:
+                raise ClientAbort(UNSAFE_PARAMS)
+            encoded.words[:-2] += extra.astype(encoded.words.dtype)
+        self.encoded, self.clipped = encoded, encoded.clipped
 
     def header(self) -> m.Header:
         return m.Header(0, self.session, self.round_index, self.client_id, m.SERVER)
@@ -240,7 +260,7 @@ class _AwaitParams(_Stage):
             graph = RingGraph(tuple(p.ring), p.degree)
         except SecAggError:
             raise ClientAbort(UNSAFE_PARAMS) from None
-        if (ctx.client_id not in graph or p.length != ctx.update.size or p.length > policy.max_length
+        if (ctx.client_id not in graph or p.length != ctx.length or p.length > policy.max_length
                 or p.max_clients < n or (policy.require_active and not p.active)
                 or (p.active and (ctx.signing_key is None or any(c not in ctx.directory for c in p.ring)))):
             raise ClientAbort(UNSAFE_PARAMS)
@@ -251,20 +271,16 @@ class _AwaitParams(_Stage):
             encoder = FixedPointEncoder(clip=p.clip, bits=p.bits, max_clients=p.max_clients,
                                         max_weight=p.max_weight, max_length=p.max_length,
                                         word_slack=p.word_slack)
-            encoded = encoder.encode(ctx.update, ctx.weight, rng=ctx.rng)
         except SecAggError:
             raise ClientAbort(UNSAFE_PARAMS) from None
-        if ctx.noise is not None:
-            extra = ctx.noise(p.length)
-            if extra.shape != (p.length,) or int(extra.min()) < 0 or int(extra.max()) > p.word_slack:
-                raise ClientAbort(UNSAFE_PARAMS)
-            encoded.words[:-2] += extra.astype(encoded.words.dtype)
+        ctx.params, ctx.encoder = p, encoder
+        if ctx.update is not None:  # an input given at construction is encoded (and checked) now
+            ctx.encode(UNSAFE_PARAMS)
         identity = (ctx.signing_key.public if ctx.signing_key is not None
                     else b"client:" + str(ctx.client_id).encode())
         if not ctx.sessions.claim(identity, ctx.session, ctx.round_index):
             raise ClientAbort(SECOND_INSTANCE)
-        ctx.params, ctx.graph, ctx.encoder, ctx.encoded = p, graph, encoder, encoded
-        ctx.clipped = encoded.clipped
+        ctx.graph = graph
         ctx.quorum = survivor_quorum(n, policy.corrupt, population=population)
         ctx.digest = m.params_digest(p)
         ctx.encryption, ctx.masking = crypto.KeyPair.generate(), crypto.KeyPair.generate()
@@ -346,7 +362,12 @@ class _AwaitShares(_Stage):
 
     def handle(self, body: m.ForwardedShares) -> tuple[_Stage, bytes]:
         ctx = self.ctx
-        assert ctx.encoder is not None and ctx.encoded is not None
+        assert ctx.encoder is not None
+        if ctx.encoded is None:  # a late input: encoded now, or refused when none was given
+            if ctx.update is None:
+                raise ClientAbort(NO_INPUT)
+            ctx.encode(BAD_INPUT)
+        assert ctx.encoded is not None
         senders = [v for v, _ in body.sealed]
         if len(set(senders)) != len(senders):
             raise ClientAbort(DUPLICATE_KEYS)
@@ -502,8 +523,13 @@ class MaskedClient:
         client_id: its id, as listed in the server's ring.
         session: the 16-byte session id it expects (messages of any other session are refused).
         round_index: the round it expects.
-        update: its float vector (length fixed by the session parameters).
-        weight: its integer weight n_k.
+        update: its float vector (length fixed by the session parameters), or None for an input
+            given later with :meth:`provide`, before the masked-input stage (then ``length`` is
+            required). Keys, shares and commitments do not depend on the input, which enters
+            only the masked input: a late input is encoded at that stage, and a masked-input
+            stage without one is refused (``NO_INPUT``).
+        weight: its integer weight n_k (ignored when ``update`` is None).
+        length: the input's length when ``update`` is None (>= 1; ignored otherwise).
         rng: randomness for stochastic rounding only (keys, seeds and masks use the OS CSPRNG).
         signing_key: its long-term Ed25519 key (active mode).
         directory: long-term Ed25519 public keys of all clients, by id (active mode).
@@ -515,14 +541,20 @@ class MaskedClient:
             (:mod:`protocols.masked.sessions`; default: the process-wide record).
     """
 
-    def __init__(self, *, client_id: int, session: bytes, round_index: int, update: np.ndarray,
+    def __init__(self, *, client_id: int, session: bytes, round_index: int, update: np.ndarray | None,
                  weight: int, rng: np.random.Generator, signing_key: crypto.SigningKey | None = None,
                  directory: Mapping[int, bytes] | None = None, policy: ClientPolicy | None = None,
                  noise: Callable[[int], np.ndarray] | None = None,
-                 sessions: SessionRecord | None = None) -> None:
+                 sessions: SessionRecord | None = None, length: int | None = None) -> None:
+        if update is None:
+            if not _is_int(length) or length < 1:
+                raise ValueError(f"a client without an input needs its length (an integer >= 1), "
+                                 f"got {length!r}")
+        else:
+            length = int(update.size)
         ctx = _Context(client_id, session, round_index, update, weight, rng, signing_key,
                        dict(directory or {}), policy or ClientPolicy(), noise,
-                       sessions if sessions is not None else PROCESS_SESSIONS)
+                       sessions if sessions is not None else PROCESS_SESSIONS, length=int(length))
         self._stage: _Stage | None = _AwaitParams(ctx)
         self._ctx = ctx
         self.abort_reason: str | None = None
@@ -535,6 +567,30 @@ class MaskedClient:
     def clipped(self) -> int:
         """Values clipped when its update was encoded (0 before the parameters arrive)."""
         return self._ctx.clipped
+
+    @property
+    def awaits_input(self) -> bool:
+        """True while this client was built without an input and has not been given one."""
+        return self._ctx.update is None
+
+    def provide(self, update: np.ndarray, weight: int) -> None:
+        """Give a client built without an input its input, before its masked-input stage.
+
+        Raises:
+            ClientAbort: ``BAD_INPUT`` (an input already given, the masked input already sent,
+                the client aborted or done, or a vector of another length), the client is then
+                aborted; ``ABORTED`` when it had aborted before.
+        """
+        if self._stage is None:
+            raise ClientAbort(ABORTED)
+        ctx = self._ctx
+        vector = np.asarray(update)
+        if (ctx.update is not None or not isinstance(self._stage, _AwaitParams | _AwaitKeyList | _AwaitShares)
+                or vector.ndim != 1 or vector.size != ctx.length or isinstance(weight, bool)
+                or not isinstance(weight, int | np.integer)):
+            self._stage, self.abort_reason = None, BAD_INPUT
+            raise ClientAbort(BAD_INPUT)
+        ctx.update, ctx.weight = vector, int(weight)
 
     def handle(self, data: bytes) -> bytes | None:
         """Process one message from the server; returns the reply, or raises ClientAbort."""

@@ -27,6 +27,7 @@ from fedsec.secagg.keys import SigningKey
 SPENT = "this contribution already went into an aggregation"
 OUT_OF_ORDER = "a stage message this aggregation already answered, or out of order"
 CLOSED = "this aggregation is over at this site (finished or aborted); a stage needs a new setup"
+NO_INPUT = "the stage that takes this site's contribution came without one"
 
 Exchange = Callable[[str, Mapping[int, bytes]], dict[int, bytes]]
 """``exchange(stage, {client: message}) -> {client: reply}``: sends one message to each client's
@@ -157,32 +158,61 @@ class SiteLayer(ABC):
     ciphertext, a decryption share) is produced at most once per setup, and a setup consumes the
     contribution (:data:`SPENT` here, ``site.db`` at the site). Subclasses implement :meth:`answer`.
 
+    A layer whose :attr:`INPUT_STAGE` is set may be built *without* its contribution
+    (``vector=None``, ``length`` given): its first stages do not depend on it, and it takes the
+    contribution at :attr:`INPUT_STAGE` from the ``supply`` that :meth:`handle` is given for that
+    stage (which consumes it at the site, durably, before anything derived from it is computed);
+    that stage without a supply is refused (:data:`NO_INPUT`).
+
     Args:
         context: the site's context.
         setup: the layer's setup from the first message (untrusted: validate everything).
-        vector: this site's contribution (float32) for the aggregation the setup names.
-        weight: its integer weight (n_k or 1).
+        vector: this site's contribution (float32) for the aggregation the setup names, or None
+            for a contribution supplied at :attr:`INPUT_STAGE`.
+        weight: its integer weight (n_k or 1); ignored when ``vector`` is None.
+        length: the contribution's length when ``vector`` is None (>= 1).
     """
 
     STAGES: tuple[str, ...] = ()
     """The layer's stage names in protocol order (a subclass or instance sets them)."""
+    INPUT_STAGE: str | None = None
+    """The first stage whose reply depends on the contribution, for a layer that may be built
+    without it; None: the contribution is needed at the setup."""
 
-    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
-                 weight: int) -> None:
+    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray | None,
+                 weight: int, length: int | None = None) -> None:
+        if vector is None and (self.INPUT_STAGE is None or isinstance(length, bool)
+                               or not isinstance(length, int) or length < 1):
+            raise ClientAbort(NO_INPUT)
         self.context, self.setup, self.vector, self.weight = context, setup, vector, weight
+        self.length = int(vector.size) if vector is not None else int(length)  # type: ignore[arg-type]
         self.closed = False
         """True once the last stage was answered or any message was refused: nothing more is answered."""
         self._answered = -1
+        if vector is not None:
+            self._spend(vector, weight)
+
+    def _spend(self, vector: np.ndarray, weight: int) -> None:
+        """Refuse (``SPENT``) a contribution this process already put into an aggregation."""
         content = np.ascontiguousarray(vector).tobytes() + str(int(weight)).encode()
         digest = hashlib.sha256(content).hexdigest()
-        key = (repr(setup.get("purpose")), repr(setup.get("round")), digest)  # untrusted: any JSON
-        if key in context.spent:
+        key = (repr(self.setup.get("purpose")), repr(self.setup.get("round")), digest)  # untrusted: any JSON
+        if key in self.context.spent:
             raise ClientAbort(SPENT)
-        context.spent.add(key)
+        self.context.spent.add(key)
 
-    def handle(self, stage: str, message: bytes) -> bytes | None:
+    @property
+    def awaits_input(self) -> bool:
+        """True while the layer was built without its contribution and has not been given it."""
+        return self.vector is None
+
+    def handle(self, stage: str, message: bytes, *,
+               supply: Callable[[], tuple[np.ndarray, int]] | None = None) -> bytes | None:
         """Answer one stage message under the framework's rule (see the class docstring): the reply,
-        or None; raises ``ClientAbort`` to refuse (and the layer is closed from then on)."""
+        or None; raises ``ClientAbort`` to refuse (and the layer is closed from then on).
+
+        ``supply``: for a layer built without its contribution, called (once) at
+        :attr:`INPUT_STAGE`, after the stage's order is checked, for ``(vector, weight)``."""
         if self.closed:
             raise ClientAbort(CLOSED)
         position = self.STAGES.index(stage) if stage in self.STAGES else -1
@@ -191,6 +221,16 @@ class SiteLayer(ABC):
             raise ClientAbort(OUT_OF_ORDER)
         self._answered = position
         try:
+            self.check_stage(stage, message)
+            if self.vector is None and stage == self.INPUT_STAGE:
+                if supply is None:
+                    raise ClientAbort(NO_INPUT)
+                vector, weight = supply()
+                if vector.shape != (self.length,):
+                    raise ClientAbort(NO_INPUT)
+                self._spend(vector, weight)
+                self.vector, self.weight = vector, weight
+                self.take_input(vector, weight)
             reply = self.answer(stage, message)
         except BaseException:
             self.closed = True
@@ -198,6 +238,15 @@ class SiteLayer(ABC):
         if position == len(self.STAGES) - 1:
             self.closed = True
         return reply
+
+    def check_stage(self, stage: str, message: bytes) -> None:
+        """Refuse (``ClientAbort``) a message labelled ``stage`` that the protocol is not at, or that
+        is not of this aggregation, before any contribution is taken for it (a layer that can tell
+        does; by default nothing)."""
+
+    def take_input(self, vector: np.ndarray, weight: int) -> None:
+        """A late contribution, at :attr:`INPUT_STAGE` (a layer that sets it implements this)."""
+        raise ClientAbort(NO_INPUT)
 
     @abstractmethod
     def answer(self, stage: str, message: bytes) -> bytes | None:

@@ -55,6 +55,7 @@ from fedsec.network.client_noise import (
 )
 from fedsec.network.errors import PeerRejected
 from fedsec.network.layers.base import (
+    OUT_OF_ORDER,
     CoordinatorContext,
     CoordinatorLayer,
     SiteContext,
@@ -66,8 +67,17 @@ from fedsec.network.pki import verify_peer
 from fedsec.protocols.encoding import STATISTICS_CLIP, encoder_for, remove_offsets
 from fedsec.protocols.errors import ClientAbort, MalformedMessage, ProtocolAbort
 from fedsec.protocols.masked import ClientPolicy, MaskedAggregation, MaskedClient, MaskedServer, RingGraph
+from fedsec.protocols.masked import client as client_reasons
 from fedsec.protocols.masked.graph import shuffled_ring
-from fedsec.protocols.masked.messages import SESSION_BYTES, SessionParams, decode
+from fedsec.protocols.masked.messages import (
+    SESSION_BYTES,
+    ConsistencyRequest,
+    ForwardedShares,
+    KeyList,
+    SessionParams,
+    UnmaskRequest,
+    decode,
+)
 from fedsec.protocols.masked.workers import shared_pool
 from fedsec.protocols.privacy.client_level import NoHonestMargin, SkellamShares
 from fedsec.secagg.errors import SecAggError
@@ -130,6 +140,14 @@ class MaskingCoordinator(CoordinatorLayer):
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
+        return self.drive(self.open(round_index, updates, purpose=purpose))
+
+    def open(self, round_index: int, updates: Sequence[ClientUpdate], *,
+             purpose: Purpose = "update") -> MaskedSession:
+        """A new aggregation of the contributions of ``updates``' sites, drawing from the run
+        generator what :meth:`aggregate` draws (the sites' rounding seeds, then the ring's order),
+        nothing exchanged yet: :meth:`drive` runs it, or another aggregation's exchanges carry its
+        first stages (:class:`MaskedSession`)."""
         ctx, s = self.context, self.context.config.secure
         ids = [int(u.client_id) for u in updates]
         self.last_dropped = {c: "the aggregation aborted" for c in ids}
@@ -143,6 +161,9 @@ class MaskingCoordinator(CoordinatorLayer):
             noise = rule.shares(threshold, self.rules.tolerated_colluders(n), stream)
         encoder = encoder_for(purpose, clients=n, length=length, max_weight=ctx.max_weight, clip=s.clip,
                               bits=s.bits, noise=noise)
+        # every refusal (ProtocolAbort) comes before the generator's draws: an aggregation that
+        # could not be opened ahead is opened again later with the same draws
+        directory = self._directory(ids) if s.active else None
         seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
         graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
         nonce = os.urandom(SESSION_BYTES)
@@ -150,50 +171,31 @@ class MaskingCoordinator(CoordinatorLayer):
                                 if noise is not None else NO_CONTEXT)
         certificates = {str(c): ctx.certificates[ctx.names[c]].decode() for c in ids
                         if ctx.names[c] in ctx.certificates}
-        directory = self._directory(ids) if s.active else None
         population = self.rules.population_for(n)
         server = MaskedServer(session=session, round_index=round_index, graph=graph, threshold=threshold,
                               encoder=encoder, length=length, active=s.active, directory=directory,
                               corrupt=s.corrupt, population=population, workers=s.workers)
-        upload, first = 0, True
-        answered: set[int] = set()
-        try:
-            while not server.done:
-                stage = server.stage
-                outgoing = server.outgoing()
-                for c, m in outgoing.items():
-                    self.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
-                if first:
-                    setup = {"layer": self.name, "purpose": purpose, "round": round_index,
-                             "session": nonce.hex(), "certificates": certificates}
-                    offsets = self._noise_offsets(list(outgoing), noise, length)
-                    outgoing = {c: first_message({**setup, **({"seed": seeds[c]} if self.reproducible
-                                                              else {}), **offsets.get(c, {})}, m)
-                                for c, m in outgoing.items()}
-                    first = False
-                replies = ctx.exchange(stage, outgoing)
-                for c in sorted(replies):
-                    upload += len(replies[c])
-                    self.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
-                    answered.add(c)
-                    server.receive(c, replies[c])
-                server.close()
-            total, survivors = server.result()
-        except (SecAggError, MalformedMessage) as error:
-            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
-        finally:
-            self.last_misbehaved = server.misbehaved
-        self.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
-                             for c in ids if c not in set(survivors)}
-        weighted, total_weight, clipped = encoder.decode(remove_offsets(total, len(survivors), noise))
-        in_sum = set(survivors)
-        return AggregateResult(
-            weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
-            dropped=tuple(c for c in ids if c not in in_sum), upload_bytes=upload,
-            metrics={"clipped": float(clipped), "rejected": float(len(server.rejected)),
-                     "misbehaved": float(len(server.misbehaved)),
-                     "client_aborts": float(len([c for c in ids if c not in answered])),
-                     "secagg_degree": float(degree), "secagg_threshold": float(threshold)})
+        setup = {"layer": self.name, "purpose": purpose, "round": round_index, "session": nonce.hex(),
+                 "certificates": certificates}
+        # the first stage's recipients, in the order of its messages (only read under seeded noise)
+        order = list(server.outgoing()) if noise is not None and self.reproducible else []
+        offsets = self._noise_offsets(order, noise, length)
+        setups = {c: {**setup, **({"seed": seeds[c]} if self.reproducible else {}), **offsets.get(c, {})}
+                  for c in ids}
+        return MaskedSession(layer=self, round_index=round_index, purpose=purpose, ids=ids, server=server,
+                             encoder=encoder, noise=noise, setups=setups, degree=degree, threshold=threshold,
+                             session=session)
+
+    def drive(self, session: MaskedSession) -> AggregateResult:
+        """Run ``session``'s remaining stages over :attr:`CoordinatorContext.exchange`; its sum.
+
+        Raises:
+            ProtocolAbort: the aggregation cannot complete (now, or in a stage another
+                aggregation's exchanges carried)."""
+        while not session.done:
+            stage, outgoing = session.outgoing()
+            session.take(self.context.exchange(stage, outgoing))
+        return session.result()
 
     def _noise_offsets(self, order: list[int], noise: SkellamShares | None,
                        length: int) -> dict[int, dict[str, int]]:
@@ -216,6 +218,105 @@ class MaskingCoordinator(CoordinatorLayer):
         return {c: identity_bytes(ctx.peers[ctx.names[c]].identity_key) for c in ids}
 
 
+class MaskedSession:
+    """One masked aggregation in flight at the coordinator (built by :meth:`MaskingCoordinator.open`).
+
+    It is stepped by whoever carries its messages: :meth:`outgoing` gives the current stage's
+    messages (the first stage's carry each site's setup), :meth:`take` the replies that came back
+    (and ends the stage). :attr:`before_input` is True while its next stage does not depend on the
+    sites' contributions (advertise keys, share keys): those stages may travel in the calls of
+    another aggregation (the update's), see docs/deployment.md. A failure of the protocol in any
+    stage is kept and raised by :meth:`result` (never into the aggregation that carried it).
+    """
+
+    PRE_INPUT = ("advertise keys", "share keys")
+
+    def __init__(self, *, layer: MaskingCoordinator, round_index: int, purpose: str, ids: list[int],
+                 server: MaskedServer, encoder: Any, noise: SkellamShares | None,
+                 setups: dict[int, dict[str, Any]], degree: int, threshold: int, session: bytes) -> None:
+        self.layer, self.round_index, self.purpose, self.ids = layer, round_index, purpose, ids
+        self.session = session
+        """The masked session id every message of this aggregation carries."""
+        self.server, self.encoder, self.noise, self.setups = server, encoder, noise, setups
+        self.degree, self.threshold = degree, threshold
+        self.failure: str | None = None
+        self.upload = 0
+        self.answered: set[int] = set()
+        self._first = True
+
+    @property
+    def done(self) -> bool:
+        return self.failure is not None or self.server.done
+
+    @property
+    def stage(self) -> str:
+        return self.server.stage
+
+    @property
+    def before_input(self) -> bool:
+        return not self.done and self.server.stage in self.PRE_INPUT
+
+    def outgoing(self) -> tuple[str, dict[int, bytes]]:
+        """``(stage, {client: message})`` of the current stage."""
+        stage = self.server.stage
+        try:
+            outgoing = self.server.outgoing()
+        except (SecAggError, MalformedMessage) as error:
+            self._fail(f"masked round failed: {type(error).__name__}")
+            return stage, {}
+        for c, m in outgoing.items():
+            self.layer.protocol_bytes.setdefault(c, [0, 0])[1] += len(m)
+        if self._first:
+            outgoing = {c: first_message(self.setups[c], m) for c, m in outgoing.items()}
+            self._first = False
+        return stage, outgoing
+
+    def take(self, replies: dict[int, bytes]) -> None:
+        """The current stage's replies (a site absent from ``replies`` dropped out); ends the stage."""
+        if self.done:
+            return
+        try:
+            for c in sorted(replies):
+                self.upload += len(replies[c])
+                self.layer.protocol_bytes.setdefault(c, [0, 0])[0] += len(replies[c])
+                self.answered.add(c)
+                self.server.receive(c, replies[c])
+            self.server.close()
+        except (SecAggError, MalformedMessage) as error:
+            self._fail(f"masked round failed: {type(error).__name__}")
+        except ProtocolAbort as abort:
+            self._fail(str(abort))
+        finally:
+            self.layer.last_misbehaved = self.server.misbehaved
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self.layer.last_misbehaved = self.server.misbehaved
+
+    def result(self) -> AggregateResult:
+        """The aggregation's sum; ProtocolAbort when it failed or has not completed."""
+        layer, server, ids = self.layer, self.server, self.ids
+        layer.last_misbehaved = server.misbehaved
+        if self.failure is not None:
+            raise ProtocolAbort(self.failure)
+        try:
+            total, survivors = server.result()
+        except (SecAggError, MalformedMessage) as error:
+            raise ProtocolAbort(f"masked round failed: {type(error).__name__}") from None
+        layer.last_dropped = {c: server.rejected.get(c, "no answer before a stage deadline, or aborted")
+                              for c in ids if c not in set(survivors)}
+        words = remove_offsets(total, len(survivors), self.noise)
+        weighted, total_weight, clipped = self.encoder.decode(words)
+        in_sum = set(survivors)
+        return AggregateResult(
+            weighted_sum=weighted, total_weight=float(total_weight), participants=survivors,
+            dropped=tuple(c for c in ids if c not in in_sum), upload_bytes=self.upload,
+            metrics={"clipped": float(clipped), "rejected": float(len(server.rejected)),
+                     "misbehaved": float(len(server.misbehaved)),
+                     "client_aborts": float(len([c for c in ids if c not in self.answered])),
+                     "secagg_degree": float(self.degree), "secagg_threshold": float(self.threshold)})
+
+
 class MaskingSite(SiteLayer):
     """The site side: one :class:`MaskedClient` for its contribution, keys from the certificates.
 
@@ -223,10 +324,22 @@ class MaskingSite(SiteLayer):
     the framework answers each at most once and closes the layer after the unmask stage."""
 
     STAGES = ("advertise keys", "share keys", "masked input", "consistency check", "unmask")
+    INPUT_STAGE = "masked input"
+    """Keys, shares and commitments do not depend on the input: an evaluation's session may be set
+    up before its sums exist, and take them at its masked-input stage."""
+    CLIENT_STAGES = dict(zip(STAGES, ("AwaitParams", "AwaitKeyList", "AwaitShares", "AwaitConsistency",
+                                      "AwaitUnmask"), strict=True))
+    """The :class:`MaskedClient` state each stage's message is for: a message labelled with
+    another stage than the one the client is at is refused (``OUT_OF_ORDER``), so the label the
+    framework's order rule sees is the protocol's."""
 
-    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray,
-                 weight: int) -> None:
-        super().__init__(context, setup=setup, vector=vector, weight=weight)
+    MESSAGES = dict(zip(STAGES, (SessionParams, KeyList, ForwardedShares, ConsistencyRequest, UnmaskRequest),
+                        strict=True))
+    """The server's message of each stage."""
+
+    def __init__(self, context: SiteContext, *, setup: dict[str, Any], vector: np.ndarray | None,
+                 weight: int, length: int | None = None) -> None:
+        super().__init__(context, setup=setup, vector=vector, weight=weight, length=length)
         config, s = context.config, context.config.secure
         purpose, round_index = setup.get("purpose"), setup.get("round")
         session, certificates = setup.get("session"), setup.get("certificates")
@@ -240,6 +353,8 @@ class MaskingSite(SiteLayer):
         if len(session_id) != SESSION_BYTES:
             raise ClientAbort(BAD_SETUP)
         update = purpose == "update"
+        if vector is None and update:  # only statistics (an evaluation's sums) are given late
+            raise ClientAbort(BAD_SETUP)
         client_level = update and config.dp.mode == "client"
         if client_level and context.client_noise is None:
             raise ClientAbort(NO_NOISE)
@@ -248,6 +363,8 @@ class MaskingSite(SiteLayer):
         # all carry it), so this site never completes a sum with shares drawn for another mu
         session_id = bound_session(session_id, noise_context(config, context.client_noise)
                                    if client_level else NO_CONTEXT)
+        self.session_id = session_id
+        """The masked session id this site's client runs under."""
         directory = self._directory(certificates) if s.active else None
         seed = setup.get("seed")
         if config.dp.reproducible:
@@ -270,7 +387,7 @@ class MaskingSite(SiteLayer):
                 raise ClientAbort(BAD_SETUP)
             self.noise = (context.client_noise, share_stream(config, offset))
         self.client = MaskedClient(client_id=context.client_id, session=session_id, round_index=round_index,
-                                   update=vector, weight=weight, rng=rng,
+                                   update=vector, weight=weight, rng=rng, length=self.length,
                                    signing_key=context.identity if s.active else None, directory=directory,
                                    policy=policy, sessions=context.sessions,
                                    noise=self._draw if self.noise is not None else None)
@@ -289,6 +406,22 @@ class MaskingSite(SiteLayer):
         if directory.get(ctx.client_id) != ctx.identity.public:
             raise ClientAbort(NOT_OURS)
         return directory
+
+    def take_input(self, vector: np.ndarray, weight: int) -> None:
+        self.client.provide(vector, weight)
+
+    def check_stage(self, stage: str, message: bytes) -> None:
+        """The label is the client's state, and the message is that stage's message of this
+        session and round (the client checks it again): a message of another session (the other
+        purpose's, an earlier round's) is refused before the contribution is taken."""
+        if self.client.stage != self.CLIENT_STAGES[stage]:
+            raise ClientAbort(OUT_OF_ORDER)
+        try:
+            header, _ = decode(message, expect=self.MESSAGES[stage])
+        except MalformedMessage:
+            raise ClientAbort(client_reasons.MALFORMED) from None
+        if header.session != self.session_id or header.round != self.setup.get("round"):
+            raise ClientAbort(client_reasons.REPLAY)
 
     def answer(self, stage: str, message: bytes) -> bytes | None:
         if self.noise is not None and self.shares is None:
