@@ -75,8 +75,9 @@ class SitePolicy:
             or None (the default: the plan's roster, which the coordinator writes, decides; the
             site warns at join, and refuses any client-level plan, whose noise is sized for the
             colluders among peers it must name). A plan whose ``federation.sites`` holds a name
-            outside these and the site's own is refused (review S6-2: a coordinator that shows a site a roster of
-            itself and certified colluders would otherwise sum it with them alone).
+            outside these and the site's own is refused (review S6-2: a coordinator that shows a
+            site a roster of itself and certified colluders would otherwise sum it with them
+            alone).
         dp_required: a plan without DP is refused (default true).
         max_epsilon_run: largest epsilon of one run, > 0 (default 10).
         max_epsilon_lifetime: largest epsilon summed over the site's runs, >= max_epsilon_run
