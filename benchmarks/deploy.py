@@ -20,7 +20,9 @@ CPU: every process's CPU seconds (user + system, from ``/proc``; this process's 
 simulation) are sampled every 20 ms and split into rounds at the ``round`` rows of the
 coordinator's and the simulation's audit logs; ``cpu_seconds_per_round`` is the mean over rounds
 2..R. ``cpu_seconds_by_thread`` splits the whole life of the coordinator and of one site by thread
-name (gRPC's C threads, the server's pool, the audit writer, the main thread). ``calls_per_round``
+name (gRPC's C threads, the server's pool, the audit writer, the main thread; read every 0.5 s, so
+up to the last half second of each process's life). ``sampler_cpu_share`` is the sampler thread's
+own CPU over its wall time in each phase (it shares the cores it measures). ``calls_per_round``
 counts the calls the coordinator served a round. With ``cores`` cores, no schedule runs a deployed
 round in less than its total CPU seconds over ``cores``: ``cpu_floor_over_simulated`` is that floor
 over the simulated round's seconds (the ratio the deployment could reach on this machine if every
@@ -106,8 +108,10 @@ def median_seconds(history: Path) -> float:
 class CpuSampler:
     """CPU seconds of processes (``None``: this one), sampled every ``period`` seconds."""
 
-    def __init__(self, period: float = 0.02) -> None:
-        self.period = period
+    def __init__(self, period: float = 0.02, thread_period: float = 0.5) -> None:
+        self.period, self.thread_period = period, thread_period
+        self.own_cpu = self.own_wall = 0.0
+        """The sampler thread's own CPU and wall seconds (its cost: it shares the cores it measures)."""
         self.pids: dict[str, int | None] = {}
         self.samples: dict[str, list[tuple[float, float]]] = {}
         self.threads: dict[str, dict[int, tuple[str, float]]] = {}
@@ -131,31 +135,42 @@ class CpuSampler:
 
     def _run(self) -> None:
         tick = os.sysconf("SC_CLK_TCK")
+        cpu, wall = time.thread_time(), time.monotonic()
+        threads_due = 0.0
         while not self._stop.is_set():
             now = time.time()
+            # the per-thread split is a whole-life total: read every thread_period, not every tick
+            # (a 50-thread coordinator read every 20 ms cost the sampler several % of a core)
+            with_threads = now >= threads_due
+            if with_threads:
+                threads_due = now + self.thread_period
             for name, pid in list(self.pids.items()):
                 if pid is None:
                     usage = resource.getrusage(resource.RUSAGE_SELF)
                     self.samples[name].append((now, usage.ru_utime + usage.ru_stime))
                     continue
-                try:
-                    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-                except OSError:
+                text = _read_stat(f"/proc/{pid}/stat")
+                if text is None:
                     continue
+                fields = text.rpartition(")")[2].split()
                 self.samples[name].append((now, (int(fields[11]) + int(fields[12])) / tick))
-                if name in self.threads:
+                if with_threads and name in self.threads:
                     self._threads(name, pid, tick)
             self._stop.wait(self.period)
+        self.own_cpu, self.own_wall = time.thread_time() - cpu, time.monotonic() - wall
 
     def _threads(self, name: str, pid: int, tick: int) -> None:
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                text = (task / "stat").read_text()
-            except OSError:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return
+        for task in tasks:
+            text = _read_stat(f"/proc/{pid}/task/{task}/stat")
+            if text is None:
                 continue
             comm = text[text.index("(") + 1:text.rindex(")")]
             fields = text.rpartition(")")[2].split()
-            self.threads[name][int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+            self.threads[name][int(task)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
 
     def by_thread(self, name: str) -> dict[str, float]:
         """CPU seconds of ``name``'s threads over its life, by thread name (digits dropped: the
@@ -176,6 +191,20 @@ class CpuSampler:
 
         spans = [at(b) - at(a) for a, b in zip(ends, ends[1:])]
         return statistics.mean(spans) if spans else float("nan")
+
+
+def _read_stat(path: str) -> str | None:
+    """The text of a ``/proc`` stat file, or None if the process or thread is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def calls_per_round(audit: Path) -> float:
@@ -237,6 +266,7 @@ def main() -> None:
         simulated = run_experiment(load_config(d.plan, [f"data.files={quoted}"]), out=root / "sim")
         sampler.stop()
         sim_cpu = sampler.per_round("simulation", round_ends(root / "sim" / "audit.db"))
+        sim_sampler = sampler.own_cpu / max(sampler.own_wall, 1e-9)
         log("simulation done; starting the deployment")
         coordinator, port = _start_coordinator(d, root / "coordinator.log", args.timeline)
         commands = [_timed(_profiled(demo.join_command(d, k, port, policy=policy), args.profile, k),
@@ -292,6 +322,8 @@ def main() -> None:
             "cpu_seconds_by_thread": {"coordinator": sampler.by_thread("coordinator"),
                                       "site-0": sampler.by_thread("site-0")},
             "cores": cores,
+            "sampler_cpu_share": {"simulation": round(sim_sampler, 4),
+                                  "deployment": round(sampler.own_cpu / max(sampler.own_wall, 1e-9), 4)},
             "cpu_floor_over_simulated": round(total_cpu / cores / sim_s, 3),
             "load_average": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
             "simulated_accuracy": simulated["final_accuracy"],

@@ -34,7 +34,6 @@ fails to commit, every later call raises that error: the log stops rather than s
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 import time
@@ -146,7 +145,16 @@ class PartyAudit:
             beside = Path(directory) / f"{actor}.crt"
             if not beside.exists() or beside.read_bytes() != certificate:
                 beside.write_bytes(certificate)
-        self._queue: queue.Queue[tuple[Any, Future | None] | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._items: list[tuple[Any, Future | None] | None] = []
+        """What the writer has to do, in the order it was asked (guarded by ``_cond``): message
+        rows ``(rows, None)``, rows someone waits for ``(rows, future)``, work ``(callable, future)``
+        and ``None`` (stop)."""
+        self._urgent = False
+        """Whether an item in ``_items`` is waited for (the writer starts at once)."""
+        self._due, self._rows = 0.0, 0
+        """When the oldest lingering item must be committed (monotonic seconds), and the rows in
+        ``_items``."""
         self._failed: BaseException | None = None
         """The error of a queued batch that did not commit: every later call raises it."""
         self._thread = threading.Thread(target=self._write, name="audit-writer", daemon=True)
@@ -156,42 +164,65 @@ class PartyAudit:
         self.log: AuditLog = self._call(lambda: AuditLog(Path(directory) / LOG, actor=actor, key=key,
                                                          run_id=run_id))
 
-    def _write(self) -> None:
-        """The writer thread: rows in order; queued message rows linger (see :data:`LINGER`)."""
-        pending: list[tuple[list[Item], Future | None]] = []
-        due = 0.0
-        while True:
-            try:
-                if not pending:
-                    item = self._queue.get()
+    def _put(self, item: tuple[Any, Future | None] | None) -> None:
+        """Hand ``item`` to the writer. The writer is woken only when it has something new to do:
+        the first of a lingering batch (to start its clock), an item someone waits for, or
+        :data:`MAX_LINGERING` rows; a message row queued behind others wakes nobody."""
+        with self._cond:
+            first = not self._items
+            self._items.append(item)
+            if first:
+                self._due, self._rows = time.monotonic() + self.linger, 0
+            rows = len(item[0]) if item is not None and isinstance(item[0], list) else 0
+            full = self._rows < MAX_LINGERING <= self._rows + rows
+            self._rows += rows
+            urgent = item is None or item[1] is not None
+            if urgent:
+                self._urgent = True
+            if first or urgent or full:
+                self._cond.notify()
+
+    def _take(self) -> list[tuple[Any, Future | None] | None]:
+        """The writer's next batch, in order: everything asked for, once one item of it is waited
+        for, :data:`MAX_LINGERING` rows wait, or the oldest has lingered ``linger`` seconds."""
+        with self._cond:
+            while True:
+                if self._items:
+                    left = self._due - time.monotonic()
+                    if self._urgent or left <= 0 or self._rows >= MAX_LINGERING:
+                        batch, self._items, self._urgent = self._items, [], False
+                        return batch
+                    self._cond.wait(left)
                 else:
-                    item = self._queue.get(timeout=max(due - time.monotonic(), 0.0))
-            except queue.Empty:  # the lingering rows' time is up
-                self._flush(pending)
+                    self._cond.wait()
+
+    def _write(self) -> None:
+        """The writer thread: everything in the order it was asked; message rows are committed with
+        the next row or work someone waits for, or when they have lingered (see :data:`LINGER`)."""
+        while True:
+            pending: list[tuple[list[Item], Future | None]] = []
+            for item in self._take():
+                if item is None:
+                    self._flush(pending)
+                    return
+                work, future = item
+                if isinstance(work, list):
+                    pending.append((work, future))
+                    if future is not None:
+                        self._flush(pending)  # someone waits for these rows (an event)
+                        pending = []
+                    continue
+                self._flush(pending)  # a head, or closing: every row before it first
                 pending = []
-                continue
-            if item is None:
-                self._flush(pending)
-                return
-            work, future = item
-            if isinstance(work, list):
-                if not pending:
-                    due = time.monotonic() + self.linger
-                pending.append((work, future))
-                if future is not None or sum(len(rows) for rows, _ in pending) >= MAX_LINGERING:
-                    self._flush(pending)  # someone waits for these rows (an event), or enough wait
-                    pending = []
-                continue
-            self._flush(pending)  # a head, or closing: every row before it first
-            pending = []
-            assert future is not None
-            if self._failed is not None and work != self.log.close:
-                future.set_exception(self._failed)
-                continue
-            try:
-                future.set_result(work())
-            except BaseException as error:  # noqa: BLE001 - handed to the caller
-                future.set_exception(error)
+                assert future is not None
+                if self._failed is not None and work != self.log.close:
+                    future.set_exception(self._failed)
+                    continue
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(error)
+            self._flush(pending)
 
     def _flush(self, pending: list[tuple[list[Item], Future | None]]) -> None:
         if not pending:
@@ -211,7 +242,7 @@ class PartyAudit:
 
     def _call(self, work: Callable[[], Any] | list[Item]) -> Any:
         future: Future = Future()
-        self._queue.put((work, future))
+        self._put((work, future))
         return future.result()
 
     @staticmethod
@@ -228,7 +259,7 @@ class PartyAudit:
         if self._failed is not None:
             raise self._failed
         self._storable(items)
-        self._queue.put((items, None))
+        self._put((items, None))
 
     def event(self, action: str, *, round: int | None = None, stage: str | None = None,
               details: dict[str, Any] | None = None, peer_ref: str | None = None) -> None:
@@ -288,7 +319,7 @@ class PartyAudit:
         try:
             self._call(self.log.close)
         finally:
-            self._queue.put(None)
+            self._put(None)
             self._thread.join()
         if self._failed is not None:
             raise self._failed

@@ -44,6 +44,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import socket
 import ssl
@@ -90,7 +91,15 @@ class TransportError(Exception):
 
 class Watchdog:
     """One thread that runs ``expire()`` callbacks at their deadlines (the servers' read deadlines:
-    one timer thread for all calls instead of a new thread per call)."""
+    one timer thread for all calls instead of a new thread per call).
+
+    The thread sleeps until the earliest deadline in its heap, armed or disarmed, and is woken
+    only by a deadline earlier than that, not at every :meth:`arm`: with one read deadline for
+    all calls a new deadline is the latest, so a server answering calls wakes it about once per
+    ``read_deadline`` instead of once per call. Disarmed deadlines at the front of the heap are
+    dropped by the next :meth:`arm` (and by the thread once due), so calls served in the order
+    they arrive leave the heap as small as the calls in flight.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -98,18 +107,28 @@ class Watchdog:
         self._live: set[int] = set()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._waiting_until = -math.inf
+        """The deadline the thread waits for (monotonic seconds; ``inf``: none, ``-inf``: not waiting)."""
 
     def arm(self, seconds: float, expire: Callable[[], None]) -> int:
         """Call ``expire()`` in ``seconds`` unless :meth:`disarm` is called first; returns a handle."""
         with self._cond:
             handle = next(self._ids)
-            heapq.heappush(self._heap, (time.monotonic() + seconds, handle, expire))
+            self._drop_disarmed()
+            due = time.monotonic() + seconds
+            heapq.heappush(self._heap, (due, handle, expire))
             self._live.add(handle)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="read-deadlines", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if due < self._waiting_until:  # the thread would sleep past it
+                self._cond.notify()
             return handle
+
+    def _drop_disarmed(self) -> None:
+        """Pop disarmed deadlines off the front of the heap (the caller holds the lock)."""
+        while self._heap and self._heap[0][1] not in self._live:
+            heapq.heappop(self._heap)
 
     def disarm(self, handle: int) -> None:
         with self._cond:
@@ -118,16 +137,21 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)
                 if not self._heap:
+                    self._waiting_until = math.inf
                     self._cond.wait()
+                    self._waiting_until = -math.inf
                     continue
+                # the front's time, live or disarmed: a later deadline armed meanwhile wakes nobody
                 left = self._heap[0][0] - time.monotonic()
                 if left > 0:
+                    self._waiting_until = self._heap[0][0]
                     self._cond.wait(left)
+                    self._waiting_until = -math.inf
                     continue
                 _, handle, expire = heapq.heappop(self._heap)
+                if handle not in self._live:
+                    continue
                 self._live.discard(handle)
             expire()
 
