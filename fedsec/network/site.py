@@ -424,8 +424,9 @@ class SiteJobs:
             raise ClientAbort("a stage message without a setup")
         work, setup = self.site.work, layer.setup
 
-        def supply() -> tuple[Any, int]:
-            return work.contribution(setup.get("purpose"), setup.get("round"))
+        def supply() -> tuple[Any, int]:  # a late input: an evaluation's sums of the layer's length only
+            return work.contribution(setup.get("purpose"), setup.get("round"), kind="evaluation",
+                                     length=layer.length)
 
         try:
             out = layer.handle(stage, body, supply=supply) or b""

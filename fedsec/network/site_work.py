@@ -288,14 +288,22 @@ class SiteWork:
             raise PolicyRefused("contribution.used", f"this site's {kind} contribution of round "
                                                      f"{round_index} already went into an aggregation")
 
-    def contribution(self, purpose: Any, round_index: Any) -> tuple[np.ndarray, int]:
+    def contribution(self, purpose: Any, round_index: Any, *, kind: str | None = None,
+                     length: int | None = None) -> tuple[np.ndarray, int]:
         """Consume the pending contribution for (``purpose``, ``round_index``): it is recorded as
         used and is no longer pending, so no later setup (whatever its session id or sequence
         number) gets it. ClientAbort when none is pending for that purpose and round, or when
-        the record says it was already used (a restarted site handed the same job again)."""
+        the record says it was already used (a restarted site handed the same job again).
+
+        ``kind`` and ``length`` (a layer set up before its input, which takes it late) must match
+        the pending contribution's, or it is refused *without* being consumed (review 8: a late
+        statistics layer given the feature moments, of another length, used them up and then
+        refused them)."""
         p = self.pending
         if p is None or p.purpose != purpose or p.round != round_index:
             raise ClientAbort("the aggregation's setup names no pending contribution of this site")
+        if (kind is not None and p.kind != kind) or (length is not None and p.vector.size != length):
+            raise ClientAbort("the pending contribution is not the input this aggregation takes")
         self.pending = None
         try:
             self.record.consume(p.kind, p.round)

@@ -13,7 +13,8 @@ mismatch could not burn one.
 Adversary: the coordinator alone, against the unmodified ``SiteJobs`` / ``MaskingSite`` /
 ``SiteWork`` / ``site.db`` (the harness of tests/fedsec/network/test_two_sessions.py).
 
-Run: /tmp/venv-rev8/bin/python -m pytest -q tests/review/test_late_input_burns_contribution.py
+Fixed (session 8): ``SiteWork.contribution`` takes the late layer's ``kind`` ("evaluation") and
+``length`` and refuses a pending contribution that does not match them *before* consuming it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> demo.Deployment:
     return demo.prepare(tmp_path_factory.mktemp("late"), N, rounds=3, extra='[dp]\nmode = "none"\n')
 
 
-@pytest.mark.xfail(strict=True, reason="review 8 (low): a late statistics layer consumes a pending "
-                   "contribution of another length in site.db before refusing it (NO_INPUT)")
 def test_a_late_layer_refuses_a_contribution_of_another_length_without_consuming_it(deployment, tmp_path):
     parties = [Party(deployment, k, tmp_path / str(k)) for k in range(N)]
     try:
