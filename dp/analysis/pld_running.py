@@ -44,6 +44,7 @@ dp-accounting from scratch by less than ``pld.RUNNING_MARGIN``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 
@@ -86,6 +87,7 @@ a fine grid for every sigma it tried."""
 _LOG_TAIL = math.log(2 / TAIL_MASS)
 
 
+@functools.lru_cache(maxsize=4096)
 def grid_size(needed: int) -> int:
     """The FFT length for a window of ``needed`` >= 1 points: the smallest rung
     ceil(2^(j / LADDER_STEPS)) >= ``needed`` of the ladder, rounded up to a fast real-FFT length
