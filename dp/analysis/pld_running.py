@@ -73,6 +73,11 @@ ROUNDING_ULPS = 7
 """The error of one FFT stage in units of the roundoff u: Higham's eta = mu + gamma_4 (sqrt(2) +
 mu) with a twiddle-factor error mu of about u is 6.7 u (:meth:`_RunningPMF.rounding_mass`)."""
 ROUNDING_FLOOR = -60.0
+ROUNDING_RUNGS = 32
+"""The sums over |F_k|^(T-1) in the rounding bound are taken at the exponent's rung
+(:func:`rounding_anchor`: the largest floor(2^(j / ROUNDING_RUNGS)) at or below T - 1, 2.2 % apart,
+every integer up to 46): |F_k| <= 1, so a smaller exponent only raises them (a valid, slightly
+larger bound), and they are computed once a rung instead of at every query."""
 """Coefficients with (T - 1) log |F_k| below this are each bounded by e^ROUNDING_FLOOR in the
 rounding bound rather than summed (cheap with the magnitudes sorted)."""
 _U = float(np.finfo(np.float64).eps) / 2
@@ -87,7 +92,6 @@ a fine grid for every sigma it tried."""
 _LOG_TAIL = math.log(2 / TAIL_MASS)
 
 
-@functools.lru_cache(maxsize=4096)
 def grid_size(needed: int) -> int:
     """The FFT length for a window of ``needed`` >= 1 points: the smallest rung
     ceil(2^(j / LADDER_STEPS)) >= ``needed`` of the ladder, rounded up to a fast real-FFT length
@@ -97,7 +101,27 @@ def grid_size(needed: int) -> int:
     rung = math.ceil(LADDER_STEPS * math.log2(needed))
     while math.ceil(2.0 ** (rung / LADDER_STEPS)) < needed:
         rung += 1
+    return _rung_size(rung)
+
+
+@functools.lru_cache(maxsize=512)
+def _rung_size(rung: int) -> int:
+    """The fast real-FFT length at or above the ladder's rung ``rung`` (cached: asked at every query)."""
     return fft.next_fast_len(math.ceil(2.0 ** (rung / LADDER_STEPS)), real=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def rounding_anchor(exponent: int) -> int:
+    """The largest rung floor(2^(j / ROUNDING_RUNGS)) <= ``exponent`` (>= 1), a function of
+    ``exponent`` alone."""
+    if exponent < 1:
+        raise ValueError(f"exponent must be >= 1, got {exponent}")
+    rung = math.floor(ROUNDING_RUNGS * math.log2(exponent))
+    while rung > 0 and math.floor(2.0 ** (rung / ROUNDING_RUNGS)) > exponent:
+        rung -= 1
+    while math.floor(2.0 ** ((rung + 1) / ROUNDING_RUNGS)) <= exponent:
+        rung += 1
+    return math.floor(2.0 ** (rung / ROUNDING_RUNGS))
 
 
 def _orders(size: int) -> np.ndarray:
@@ -131,6 +155,7 @@ class _RunningPMF:
         self.stops: tuple[tuple[int, int], ...] = ()  # the last two sparse scans' (T, stop's loss index)
         self.last_bounds: tuple[int, tuple[int, int]] = (0, (0, 0))  # (steps, bounds(steps))
         self.log_magnitudes: tuple[int, np.ndarray] | None = None  # (N, -log |F_k| ascending)
+        self.rounding_sums: tuple[int, int, float, float] | None = None  # (N, anchor, linear, square)
         self.version = 0  # counts the (re)allocations of the arrays above (the cache's memory check)
 
     @property
@@ -268,12 +293,17 @@ class _RunningPMF:
         size = self.grid[0]
         ordered = self._log_magnitudes()
         exponent = max(steps - 1, 0)
-        if exponent:  # the terms above e^ROUNDING_FLOOR summed, each of the rest bounded by it
-            count = int(np.searchsorted(ordered, -ROUNDING_FLOOR / exponent, side="left"))
-            top = np.exp(-exponent * ordered[:count])
-            rest = ordered.size - count
-            linear = float(top.sum()) + rest * math.exp(ROUNDING_FLOOR)
-            square = float((top * top).sum()) + rest * math.exp(2 * ROUNDING_FLOOR)
+        if exponent:  # at its rung: the terms above e^ROUNDING_FLOOR summed, each of the rest bounded by it
+            anchor = rounding_anchor(exponent)
+            sums = self.rounding_sums
+            if sums is None or sums[:2] != (size, anchor):
+                count = int(np.searchsorted(ordered, -ROUNDING_FLOOR / anchor, side="left"))
+                top = np.exp(-anchor * ordered[:count])
+                rest = ordered.size - count
+                sums = self.rounding_sums = (size, anchor,
+                                             float(top.sum()) + rest * math.exp(ROUNDING_FLOOR),
+                                             float((top * top).sum()) + rest * math.exp(2 * ROUNDING_FLOOR))
+            linear, square = sums[2], sums[3]
         else:
             linear = square = float(ordered.size)
         log_size = math.log2(size) + 1

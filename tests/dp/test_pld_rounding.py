@@ -15,12 +15,14 @@ U = np.finfo(np.float64).eps / 2
 
 
 def _direct_bound(pmf, steps):
-    """The documented bound summed over every coefficient, no floor, no sorting."""
+    """The documented bound summed over every coefficient, no floor, no sorting (the sums at the
+    rung of T - 1, :func:`pld_running.rounding_anchor`)."""
     lower, upper = pmf.bounds(steps)
     length = upper - lower + 1
     pmf._grid_for(length)
     size, spectrum = pmf.grid
-    magnitude = np.abs(spectrum) ** max(steps - 1, 0)
+    exponent = max(steps - 1, 0)  # the sums at the exponent's rung (at or below it: a larger bound)
+    magnitude = np.abs(spectrum) ** (pld_running.rounding_anchor(exponent) if exponent else 0)
     per = pld_running.ROUNDING_ULPS * U * ((steps + 1) * (math.log2(size) + 1) + max(steps - 1, 0) + 2)
     pointwise = length * 2 * magnitude.sum() / size * per
     in_norm = math.sqrt(length * 2 * (magnitude ** 2).sum() / size) * per
@@ -62,3 +64,13 @@ def test_a_refinement_whose_finer_levels_are_infinite_reports_the_smallest_finit
     assert value == min(finite_before)
     at = pld.discretisations()[levels.index(value)]
     assert value >= pld.epsilon_at_from_scratch([event], 1e-10, at)
+
+
+def test_the_rung_is_at_or_below_the_exponent_and_every_integer_up_to_46():
+    anchors = [pld_running.rounding_anchor(e) for e in range(1, 20000)]
+    assert all(a <= e for e, a in zip(range(1, 20000), anchors, strict=True))
+    assert anchors[:46] == list(range(1, 47))
+    assert max(e / a for e, a in zip(range(1, 20000), anchors, strict=True)) < 2 ** (1 / 32) + 1e-3
+    assert len(set(anchors)) < 400  # rungs, so the sums are computed once a rung
+    with pytest.raises(ValueError):
+        pld_running.rounding_anchor(0)
