@@ -96,7 +96,8 @@ def reference(tmp_path_factory):
     federation = Federation(tmp_path_factory.mktemp("ref") / "d")
     try:
         summary = federation.coordinator()
-        return summary, _history(federation.out / "history.csv"), list(federation.log), _generators(federation)
+        history = _history(federation.out / "history.csv")
+        return summary, history, list(federation.log), _generators(federation)
     finally:
         federation.close()
 
