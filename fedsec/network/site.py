@@ -445,6 +445,9 @@ class SiteJobs:
         pending = work.pending
         named = pending is not None and pending.purpose == purpose and pending.round == round_index
         if not named and purpose == "statistics" and self.site_layer.INPUT_STAGE is not None:
+            refused = self.state.late_setup(self.sha, round_index, max_rounds=self.context.config.rounds)
+            if refused is not None:  # before any key is drawn or session row written (review 8b)
+                raise ClientAbort(refused)
             return self.site_layer(self.context, setup=setup, vector=None, weight=0,
                                    length=work.evaluation_length)
         vector, weight = work.contribution(purpose, round_index)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ClientAbort
 
 from fedsec.network import demo
 from tests.fedsec.network.test_bundled_jobs import RUN, Party
@@ -43,26 +44,19 @@ def test_a_late_layer_refuses_a_contribution_of_another_length_without_consuming
         session = layer(deployment, party.config, 7).open(
             0, [ClientUpdate(c, np.zeros(work.evaluation_length, np.float32), 1.0) for c in range(N)],
             purpose="statistics")
-        replies = {}
-        for _ in range(2):  # advertise keys (with the setup: no statistics pending, a late layer), share keys
-            stage, out = session.outgoing()
-            replies = {}
-            for c, p in enumerate(parties):
-                answer, reply = p.send({"kind": "layer", "round": 0, "stage": stage, "purpose": "statistics"},
-                                       out[c])
-                assert answer["ok"] is True, answer
-                replies[c] = reply
-            session.take(replies)
-        assert party.jobs.layers["statistics"].awaits_input
+        stage, out = session.outgoing()  # the setup with advertise keys: no statistics pending
+        answer, _ = party.send({"kind": "layer", "round": 0, "stage": stage, "purpose": "statistics"}, out[0])
+        # refused at the setup since review 8b: a late layer names a round of the plan (1..rounds)
+        assert answer["ok"] is False and "outside the plan" in answer["reason"], answer
+        assert "statistics" not in party.jobs.layers
         answer, _ = party.send({"kind": "moments", "round": 0, "stage": 1}, b"")  # the site's feature means
         assert answer["ok"] is True, answer
         assert work.pending is not None and work.pending.kind == "moments-1"
-        stage, out = session.outgoing()
-        assert stage == "masked input"
-        answer, _ = party.send({"kind": "layer", "round": 0, "stage": stage, "purpose": "statistics"}, out[0])
-        assert answer["ok"] is False  # refused: the moments are not the layer's input (this holds)
-        # ... and nothing is lost: the moments were not consumed, a moments job is still answered
-        assert not party.state.used(RUN, "moments-1", 0)
+        # the late input's own guard: a pending contribution that is not an evaluation's sums of the
+        # layer's length is refused without being consumed
+        with pytest.raises(ClientAbort, match="not the input"):
+            work.contribution("statistics", 0, kind="evaluation", length=work.evaluation_length)
+        assert work.pending is not None and not party.state.used(RUN, "moments-1", 0)
         again, _ = party.send({"kind": "moments", "round": 0, "stage": 1}, b"")
         assert again["ok"] is True, again
     finally:

@@ -11,9 +11,11 @@ Adversary: the coordinator alone, with the project's UNMODIFIED site code (``Sit
 site's durable state grow without bound at one call each, and makes it take part in sessions for
 rounds it would never evaluate.
 
-Expected (what the test asserts and the code does not do yet): a late statistics setup names a
-round of the plan, and a site takes part in at most a bounded number of sessions of one (purpose,
-round) before its contribution is given (here: 3, as ``MAX_TRAININGS`` bounds retrains).
+Expected: a late statistics setup names a round of the plan, and a site takes part in at most a
+bounded number of sessions of one (purpose, round) before its contribution is given (3, as
+``MAX_TRAININGS`` bounds retrains). Fixed (session 8): ``SiteState.late_setup`` counts them durably
+in ``site.db`` and ``SiteJobs`` refuses the setup before any key is drawn or session row written
+(``MAX_LATE_SETUPS``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import sqlite3
 
 import numpy as np
-import pytest
 from fedsec.fl_core.aggregation import ClientUpdate
 
 from tests.fedsec.network.test_bundled_jobs import Party
@@ -48,8 +49,6 @@ def _rows(tmp_path, round_index: int) -> int:  # type: ignore[no-untyped-def]
         db.close()
 
 
-@pytest.mark.xfail(strict=True, reason="review 8b (low): late statistics setups are accepted for any round "
-                                       "and without bound, each a durable site.db row")
 def test_late_statistics_setups_are_bounded_and_name_a_round_of_the_plan(deployment, tmp_path):  # noqa: F811
     party = Party(deployment, 0, tmp_path / "s0")
     try:
