@@ -8,7 +8,7 @@ identical events are merged into one with a count.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 from fedsec.dp.errors import InvalidPrivacyParameterError
 
@@ -98,13 +98,11 @@ class PrivacyLedger:
 
 
 def _same(a: Event, b: Event) -> bool:
-    da, db = asdict(a), asdict(b)
-    da.pop("steps"), db.pop("steps")
-    return da == db
+    """Whether two events of one type differ at most in their step count (field by field: the
+    budget asks this every round, and ``asdict`` deep-copies)."""
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name != "steps")
 
 
 def with_steps(event: Event, steps: int) -> Event:
-    """``event`` with its step count replaced."""
-    fields = asdict(event)
-    fields["steps"] = steps
-    return type(event)(**fields)
+    """``event`` with its step count replaced (validated again by the event's constructor)."""
+    return replace(event, steps=steps)
