@@ -18,13 +18,14 @@ import os
 import signal
 import sqlite3
 import subprocess
+from contextlib import contextmanager
 
 import pytest
 
 from fedsec.audit.log import read_events
 from fedsec.audit.verify import verify_log
 from fedsec.network import demo
-from tests.fedsec.deploy.harness import federation
+from tests.fedsec.deploy.harness import federation, site_db_has
 from tests.fedsec.deploy.test_serve_resume import _checkpoint_round, _until
 
 pytestmark = pytest.mark.slow
@@ -34,18 +35,7 @@ WAIT = 60.0
 
 
 def _consumed(state, kind: str, round_index: int) -> bool:  # type: ignore[no-untyped-def]
-    path = state / "site.db"
-    if not path.exists():
-        return False
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return db.execute("SELECT 1 FROM consumed WHERE kind = ? AND round = ?",
-                              (kind, round_index)).fetchone() is not None
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return False
+    return site_db_has(state, "SELECT 1 FROM consumed WHERE kind = ? AND round = ?", (kind, round_index))
 
 
 def _records(state) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
@@ -73,12 +63,19 @@ def _checks(d, history: list[dict[str, str]]) -> None:  # type: ignore[no-untype
         assert all(b >= a for a, b in zip(mine, mine[1:])), (k, mine)
 
 
-def test_a_site_killed_between_calls_2_and_6_and_restarted(tmp_path):
-    d = demo.prepare(tmp_path / "d", 4, rounds=ROUNDS, extra=EXTRA, stage_timeout=20.0)
+@contextmanager
+def past_round_1(d):  # type: ignore[no-untyped-def]
+    """The four sites and the coordinator of ``d`` running, once round 1's checkpoint is written."""
     with federation(d) as running:
         for k in range(4):
             running.join(k)
         _until(lambda: _checkpoint_round(d.root) >= 1, "round 1's checkpoint", WAIT)
+        yield running
+
+
+def test_a_site_killed_between_calls_2_and_6_and_restarted(tmp_path):
+    d = demo.prepare(tmp_path / "d", 4, rounds=ROUNDS, extra=EXTRA, stage_timeout=20.0)
+    with past_round_1(d) as running:
         _until(lambda: _consumed(d.state(0), "update", 2), "site 0's round-2 setup", WAIT)
         os.kill(running.sites[0].pid, signal.SIGKILL)
         running.sites[0].wait(timeout=10)
@@ -96,10 +93,7 @@ def test_a_site_killed_between_calls_2_and_6_and_restarted(tmp_path):
 
 def test_the_coordinator_killed_between_calls_2_and_6_then_resumed(tmp_path):
     d = demo.prepare(tmp_path / "d", 4, rounds=ROUNDS, extra=EXTRA, stage_timeout=20.0)
-    with federation(d) as running:
-        for k in range(4):
-            running.join(k)
-        _until(lambda: _checkpoint_round(d.root) >= 1, "round 1's checkpoint", WAIT)
+    with past_round_1(d) as running:
         os.kill(running.sites[3].pid, signal.SIGSTOP)  # holds round 2 in its first calls
         try:
             _until(lambda: _consumed(d.state(0), "update", 2), "site 0's round-2 setup", WAIT)

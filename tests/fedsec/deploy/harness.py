@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import time
 from contextlib import contextmanager
@@ -67,3 +68,19 @@ def wait_for_event(path: Path, action: str, round_index: int | None, timeout: fl
                 pass
         time.sleep(0.05)
     raise TimeoutError(f"{action} of round {round_index} never appeared in {path}")
+
+
+def site_db_has(state: Path, query: str, parameters: tuple = ()) -> bool:
+    """Whether ``query`` finds a row in the ``site.db`` of the state folder ``state``, read-only and
+    while the site runs; False while the file is absent or locked."""
+    path = state / "site.db"
+    if not path.exists():
+        return False
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return db.execute(query, parameters).fetchone() is not None
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return False

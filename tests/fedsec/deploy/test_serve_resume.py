@@ -29,7 +29,7 @@ from fedsec.audit.verify import verify_log
 from fedsec.config import load_config
 from fedsec.experiment import run_experiment
 from fedsec.network import demo
-from tests.fedsec.deploy.harness import federation
+from tests.fedsec.deploy.harness import federation, site_db_has
 
 pytestmark = pytest.mark.slow
 EXTRA = "[dp]\nreproducible = true\naccountant = \"rdp\"\n"  # rdp: every process calibrates fast
@@ -58,18 +58,7 @@ def _checkpoint_round(root: Path) -> int:
 
 
 def _trained(state: Path, round_index: int) -> bool:
-    path = state / "site.db"
-    if not path.exists():
-        return False
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
-        try:
-            row = db.execute("SELECT 1 FROM contributions WHERE round = ?", (round_index,)).fetchone()
-            return row is not None
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return False
+    return site_db_has(state, "SELECT 1 FROM contributions WHERE round = ?", (round_index,))
 
 
 def _history(path: Path) -> list[dict[str, str]]:

@@ -5,7 +5,6 @@ test_audit_group_commit.py, searched here over any sequence of queued rows, even
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from fedsec.secagg.keys import SigningKey
@@ -15,14 +14,7 @@ from hypothesis import strategies as st
 from fedsec.audit.log import read_events
 from fedsec.audit.verify import verify_log
 from fedsec.network.party_audit import LOG, MAX_LINGERING, PartyAudit
-
-
-def _committed(path) -> int:
-    db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
-    finally:
-        db.close()
+from tests.fedsec.network.test_audit_group_commit import _committed
 
 
 def _counting(audit: PartyAudit) -> list[int]:
