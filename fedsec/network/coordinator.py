@@ -37,10 +37,11 @@ import grpc
 
 from fedsec.config import ExperimentConfig
 from fedsec.network import envelope
+from fedsec.network.errors import PeerRejected
 from fedsec.network.framing import Payload
 from fedsec.network.mailbox import Mailboxes
 from fedsec.network.party_audit import PartyAudit
-from fedsec.network.pki import Peer, Trust
+from fedsec.network.pki import Peer, Trust, verify_peer
 from fedsec.network.transport import DEFAULT_READ_DEADLINE, TransportServer
 from fedsec.secagg.keys import SigningKey
 
@@ -99,6 +100,23 @@ class _RecordingServer(TransportServer):
             self.peers[peer.name] = peer
         self._local.peer = peer.name
         return peer
+
+    def recall(self, name: str, pem: bytes) -> bool:
+        """Put back the certificate ``name`` was admitted with before a restart (a resumed
+        coordinator's checkpoint), checked again as a call would be: the root, validity, role
+        ``site``, the revocation list and the roster. False, and nothing recorded, when it fails
+        those checks or names another party; the site is then admitted when it calls again."""
+        try:
+            peer = verify_peer(pem, trust=self.trust, roles=("site",), roster=self.roster)
+        except PeerRejected:
+            return False
+        if peer.name != name:
+            return False
+        # a site that called since the restart keeps what it presented (setdefault: one step, so a
+        # call admitted meanwhile is never overwritten)
+        if self.peers.setdefault(name, peer) is peer:
+            self.certificates.setdefault(name, pem)
+        return True
 
     def _exchange(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         self._local.peer = None

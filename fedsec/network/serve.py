@@ -256,9 +256,22 @@ HUB_STATE = "deployment.hub"
 """The checkpoint's entry with the roster the run admitted, its plan and the feature scaling."""
 
 
+def hub_state(hub: Hub) -> dict[str, Any]:
+    """The checkpoint's :data:`HUB_STATE` entry (read back by :func:`restore_hub`): the plan's
+    digest, the sites that accepted and what they reported, the feature scaling, and the
+    certificate each site was admitted with (public; checked again at restore)."""
+    return {"plan_sha256": hub.plan_sha256,
+            "sites": {n: {"n_train": i.n_train, "n_test": i.n_test, "input_shape": list(i.input_shape),
+                          "n_classes": i.n_classes} for n, i in sorted(hub.sites.items())},
+            "standardization": hub.standardization.hex() if hub.standardization is not None else None,
+            "certificates": {n: hub.certificates[n].decode() for n in sorted(hub.sites)
+                             if n in hub.certificates}}
+
+
 def restore_hub(hub: Hub, state: dict[str, Any]) -> None:
-    """Put a checkpoint's roster and feature scaling back into ``hub`` (a site that accepted again
-    meanwhile keeps what it reported now).
+    """Put a checkpoint's roster, feature scaling and site certificates back into ``hub`` (a site
+    that accepted again meanwhile keeps what it reported and presented now; a certificate that no
+    longer passes the checks of a call, revoked or off the roster, is not put back).
 
     Raises:
         ConfigError: (key ``--resume``) the state is of another plan.
@@ -274,6 +287,12 @@ def restore_hub(hub: Hub, state: dict[str, Any]) -> None:
                                            n_classes=int(info["n_classes"]))
     if hub.standardization is None and state.get("standardization") is not None:
         hub.standardization = bytes.fromhex(state["standardization"])
+    # each site's certificate as admitted before the restart, checked again (revocation list and
+    # roster of now): a site the resumed run has not heard from yet is then a dropout of the stages
+    # it misses, as in a run that never stopped, instead of a masked sum refused for want of its key
+    for name, pem in (state.get("certificates") or {}).items():
+        if name in hub.sites:
+            hub.transport.recall(name, pem.encode())
 
 
 def coordinator_state(hub: Hub, remote: RemoteRound, ledgers: SiteLedgers,
@@ -282,12 +301,6 @@ def coordinator_state(hub: Hub, remote: RemoteRound, ledgers: SiteLedgers,
     docs/deployment.md, "Resume"): the roster and feature scaling, the reproducible noise
     stream's position, each site's epsilon as the coordinator counts it, the evaluation layer's
     generator, and the byte counters the summary reports."""
-
-    def hub_state() -> dict[str, Any]:
-        return {"plan_sha256": hub.plan_sha256,
-                "sites": {n: {"n_train": i.n_train, "n_test": i.n_test, "input_shape": list(i.input_shape),
-                              "n_classes": i.n_classes} for n, i in sorted(hub.sites.items())},
-                "standardization": hub.standardization.hex() if hub.standardization is not None else None}
 
     def set_offset(value: Any) -> None:
         remote.noise_offset = int(value)
@@ -317,7 +330,7 @@ def coordinator_state(hub: Hub, remote: RemoteRound, ledgers: SiteLedgers,
                 totals[0] += int(up)
                 totals[1] += int(down)
 
-    saved = [SavedState(HUB_STATE, hub_state, lambda value: restore_hub(hub, value)),
+    saved = [SavedState(HUB_STATE, lambda: hub_state(hub), lambda value: restore_hub(hub, value)),
              SavedState("deployment.noise_offset", lambda: remote.noise_offset, set_offset),
              SavedState("deployment.site_ledgers",
                         lambda: {n: b.state_dict() for n, b in sorted(ledgers.budgets.items())}, set_ledgers),

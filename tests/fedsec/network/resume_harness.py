@@ -174,9 +174,13 @@ class Federation:
                   cert_pem=d.coordinator.cert.read_bytes(), key_pem=d.coordinator.key.read_bytes(),
                   audit=audit, listen="127.0.0.1:0")
         hub.mailboxes = DirectMailboxes(self.sites, crash=crash, log=self.log)  # type: ignore[assignment]
-        for k, s in enumerate(d.sites):  # what the transport records when a site calls
-            hub.transport.certificates[s.name] = s.cert.read_bytes()
-            hub.transport.peers[s.name] = pki.verify_peer(s.cert.read_bytes(), trust=trust, roles=("site",))
+        if not resume:  # what the transport records when a site calls; these sites never call
+            # through it, so a resumed coordinator knows their certificates from its checkpoint
+            # only, as a real one does until each site calls again
+            for s in d.sites:
+                hub.transport.certificates[s.name] = s.cert.read_bytes()
+                hub.transport.peers[s.name] = pki.verify_peer(s.cert.read_bytes(), trust=trust,
+                                                              roles=("site",))
         checkpoint = None
         if resume:
             checkpoint = read_checkpoint(self.out)
