@@ -290,8 +290,11 @@ def restore_hub(hub: Hub, state: dict[str, Any]) -> None:
     # each site's certificate as admitted before the restart, checked again (revocation list and
     # roster of now): a site the resumed run has not heard from yet is then a dropout of the stages
     # it misses, as in a run that never stopped, instead of a masked sum refused for want of its key
-    for name, pem in (state.get("certificates") or {}).items():
-        if name in hub.sites:
+    certificates = state.get("certificates") or {}
+    if not isinstance(certificates, dict):
+        raise ConfigError("--resume", "the checkpoint's site certificates are not a name -> PEM table")
+    for name, pem in certificates.items():
+        if name in hub.sites and isinstance(pem, str):  # anything else: the site is admitted when it calls
             hub.transport.recall(name, pem.encode())
 
 
