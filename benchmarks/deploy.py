@@ -13,8 +13,9 @@ evaluation), round 1 left out (it includes the sites' first model set-up).
 Wire bytes are counted by the coordinator's transport: every gRPC message (framing headers and
 chunks; not TLS or HTTP/2 framing) each site sent and received over the whole run. The protocol's
 count is the secure layer's own messages (what the simulation's in-memory transport counts), plus
-the model the framework sends a site for each training and evaluation job; the ratio is wire over
-that.
+the model the framework must send a site: once a round with its evaluation job, and with round 1's
+training job (a later training job names the model the site evaluated last, by its SHA-256, which
+the protocol's count leaves out as the framing's); the ratio is wire over that.
 
 CPU: every process's CPU seconds (user + system, from ``/proc``; this process's own for the
 simulation) are sampled every 20 ms and split into rounds at the ``round`` rows of the
@@ -295,7 +296,9 @@ def main() -> None:
         wire = n_params["wire_bytes"]
         protocol = n_params["protocol_bytes"]
         model_bytes = 4 * _parameters(model, features)
-        jobs = 2 * args.rounds  # a training and an evaluation job per round carry the model
+        # an evaluation job per round carries the model, and round 1's training job; a later
+        # training job names the model the site's last evaluation was of (its SHA-256)
+        jobs = args.rounds + 1
         per_site = []
         for name, w in wire.items():
             p = protocol.get(name, {"from_site": 0, "to_site": 0})

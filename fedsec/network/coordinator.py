@@ -28,7 +28,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,6 +187,9 @@ class Hub:
         """The reasons of the sites that refused a job of the last :meth:`exchange`."""
         self.joins: dict[str, int] = {}
         """How many times each site accepted the plan (a restarted site accepts again)."""
+        self.models: dict[str, tuple[str, int]] = {}
+        """Each site's last answered ``evaluate`` job's model (SHA-256 hex of its body) and the
+        site's join count then: the model the site holds (see :meth:`holds_model`)."""
         """Sites that missed a deadline and have not polled since: dropouts without waiting."""
         """The round of the aggregation in flight (for the audit of the layer's messages)."""
         self.identity: SigningKey | None = None
@@ -322,6 +325,17 @@ class Hub:
                          details={"site": peer.name, "fingerprint": peer.fingerprint, "n_train": info.n_train,
                                   "n_test": info.n_test})
         return envelope.encode({"client_id": info.client_id, "head": self.audit.head()})
+
+    def evaluated(self, names: Iterable[str], digest: str) -> None:
+        """The sites ``names`` answered an ``evaluate`` job whose model body has SHA-256 ``digest``."""
+        for name in names:
+            self.models[name] = (digest, self.joins.get(name, 0))
+
+    def holds_model(self, name: str, digest: str) -> bool:
+        """Whether the site holds the model of SHA-256 ``digest`` (its last answered evaluation's,
+        and it has not accepted the plan again since: a restarted site holds none), so that a
+        ``train`` job may name it instead of sending it."""
+        return self.models.get(name) == (digest, self.joins.get(name, 0))
 
     def take_bundle(self) -> Bundle | None:
         """The bundle waiting for the next ``layer`` exchange (then none waits)."""

@@ -19,6 +19,7 @@ order, so a reproducible plan gives the simulation's history.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -203,11 +204,19 @@ class RemoteRound(AggregationProtocol):
             self.on_released(round_index)
 
     def _train_jobs(self, round_index: int, ids: list[int]) -> dict[int, tuple[dict[str, Any], bytes]]:
+        """Each site's ``train`` job: the global model's body, or its SHA-256 alone for a site that
+        holds it (the model its last evaluation was of: the next round starts from it)."""
         assert self.strategy.vector is not None
         body = vector_bytes(self.strategy.vector)
+        digest = hashlib.sha256(body).hexdigest()
         head = self.hub.audit.head()  # one read for all: every row before it is on disk
-        return {c: ({"rng": self.strategy.pending[c], "head": head,
-                     "noise_multiplier": self.hub.noise_multiplier}, body) for c in ids}
+        jobs = {}
+        for c in ids:
+            header = {"rng": self.strategy.pending[c], "head": head,
+                      "noise_multiplier": self.hub.noise_multiplier}
+            held = self.hub.holds_model(self.hub.names[c], digest)
+            jobs[c] = ({**header, "model": digest}, b"") if held else (header, body)
+        return jobs
 
     def _training_bundle(self, round_index: int, ids: list[int]) -> Bundle:
         """The round's ``train`` jobs as a bundle for the layer's first stage; once answered, the
@@ -282,24 +291,28 @@ class RemoteEvaluator(FederatedEvaluator):
                        round_index: int) -> dict[str, float]:
         names, hub = self.hub.names, self.hub
         body = vector_bytes(get_vector(model))
+        digest = hashlib.sha256(body).hexdigest()
         length = sums_length(self.n_classes)
         protocol = self.protocol
+
+        def done(answers: dict[str, Any], refusals: dict[str, str]) -> None:
+            hub.evaluated(answers, digest)  # they hold the model: the next train job names it
+
         if isinstance(protocol, RemoteRound) and protocol.opened is not None:
             # opened by the update's round (its first stages rode in the update's calls): the
             # evaluate jobs travel with its next stage, the masked input, to the sites in it
             present = [names[k] for k in protocol.opened.ids]
-            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present},
-                                    lambda answers, refusals: None)
+            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present}, done)
             answered = set(present)
         elif isinstance(protocol, RemoteRound) and protocol.layer.bundles_first_job:
             # the evaluate jobs travel with the sum's first stage: a site that fails one drops out there
             present = [n for n in names if n in hub.sites and n not in hub.absent]
-            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present},
-                                    lambda answers, refusals: None)
+            protocol.first = Bundle("evaluate", {n: ({}, body) for n in present}, done)
             answered = set(present)
         else:
             answered = set(hub.exchange("evaluate", round_index, {n: ({}, body) for n in hub.sites},
                                         self.deadline))
+            hub.evaluated(answered, digest)
         updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0)
                    for k, n in enumerate(names) if n in answered]
         # one attempt: a site contributes its evaluation vector to one aggregation only (a retry

@@ -475,9 +475,10 @@ class SiteJobs:
                         work.privacy.budget.charge(done)
             site._ack(header.get("head"), round_index)
             train_round = envelope.field(header, "round", int)
+            model = work.job_model(header, body)  # one it cannot start from: refused before it is recorded
             again = train_round in state.contributed(sha)
             count = state.contribute(sha, train_round, max_rounds=config.rounds)
-            answer = work.train(header, body)
+            answer = work.train(header, body, model=model)
             site._event("contribution", {"count": count, **({"retrain": True} if again else {})},
                         round_index)
             if work.epsilon is not None:

@@ -1,8 +1,10 @@
 """What a site computes for the coordinator's jobs, with the simulation's own code.
 
 - ``train``: the plan's strategy (``strategy.client_update``: local epochs of SGD, or DP-SGD with
-  the noise multiplier the site checked), from the global model the job carries and with the
-  round's training generator (the state the coordinator drew, as the simulation draws it);
+  the noise multiplier the site checked), from the global model the job carries (or names by its
+  SHA-256 when it is the model this site's last ``evaluate`` job sent: :meth:`SiteWork.job_model`)
+  and with the round's training generator (the state the coordinator drew, as the simulation
+  draws it);
 - ``evaluate``: :func:`fl_core.federated_eval.local_evaluation` on the site's held-out split;
 - ``moments``: the site's part of :func:`fl_core.standardize.federated_moments`; ``standardize``
   then scales its records with the federation's mean and spread.
@@ -20,7 +22,9 @@ SHA-256, kind, round), so a restart does not reset it. An evaluation is answered
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ from fedsec.network.errors import PolicyRefused
 from fedsec.protocols.errors import ClientAbort
 from fedsec.protocols.privacy.client_level import clip_update
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 EPSILON_TOLERANCE = 1e-6
 """Relative slack when a site checks the plan's epsilon with the coordinator's noise multiplier."""
 
@@ -102,6 +107,10 @@ class SiteWork:
         self.client_noise: ClientNoise | None = None
         """Client-level DP: the noise rule built from the noise multiplier this site checked."""
         self._moment_mean: np.ndarray | None = None
+        self.held_model: tuple[str, np.ndarray] | None = None
+        """The model of the last ``evaluate`` job completed (the SHA-256 hex of its body, its values): the
+        next round's training starts from it, so a ``train`` job may name it instead of sending it
+        (:meth:`job_model`). Kept in memory only: a restarted site holds none."""
         torch.set_num_threads(1)
         self.model = fl_core.build_model(config.model.name, input_shape=self.input_shape,
                                          n_classes=self.n_classes, seed=0)
@@ -184,17 +193,19 @@ class SiteWork:
                                             f"epsilon {probe.spent:.4g} over {config.rounds} rounds, "
                                             f"above the plan's {target:g}")
 
-    def train(self, header: dict[str, Any], body: bytes) -> dict[str, Any]:
+    def train(self, header: dict[str, Any], body: bytes, *,
+              model: np.ndarray | None = None) -> dict[str, Any]:
         """Local training for the job's round; returns what the answer adds (the noise stream's
         position under reproducible DP-SGD). Without DP, ``ClientAbort('nonfinite')`` when the
         local model is not finite (the simulation's failed client) and ``ClientAbort('training')``
         when training raises. Under DP (DP-SGD or client level) a failed training of either kind
         is a zero update with the usual weight, answered like any other: whether it fails is a
         function of the site's records, so the answer may not depend on it (post-processing of
-        the mechanism's output; the round is charged as usual)."""
+        the mechanism's output; the round is charged as usual). ``model``: the job's global model
+        if already read with :meth:`job_model`."""
         assert self.strategy is not None
         round_index = field(header, "round", int)
-        vector = vector_from(body, self.length)
+        vector = self.job_model(header, body) if model is None else model
         rng = np.random.default_rng()
         state = header.get("rng")
         if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
@@ -231,6 +242,27 @@ class SiteWork:
             extra["noise"] = int(random.state_dict()["offset"])
         return extra
 
+    def job_model(self, header: dict[str, Any], body: bytes) -> np.ndarray:
+        """The global model a ``train`` job starts from: its body's values, or, when the header
+        names a model (``"model"``: the SHA-256 hex of the body it stands for, and the body is
+        empty), a copy of :attr:`held_model` if that is the model named.
+
+        Raises:
+            MalformedEnvelope: a named model with a body, or a name that is not 64 hex digits;
+                a body of the wrong length or with values that are not finite.
+            ClientAbort: ``model.unknown``, the named model is not the one this site holds (it
+                restarted since, or missed the evaluation): the site sits the round out and the
+                coordinator sends the whole model next time.
+        """
+        named = header.get("model")
+        if named is None:
+            return vector_from(body, self.length)
+        if not isinstance(named, str) or not _SHA256_HEX.fullmatch(named) or body:
+            raise MalformedEnvelope("a train job names its model by a SHA-256 hex digest and sends no body")
+        if self.held_model is None or self.held_model[0] != named:
+            raise ClientAbort("model.unknown")
+        return self.held_model[1].copy()
+
     def _noise_stream(self) -> Any:
         """The seeded DP-SGD noise stream under ``dp.reproducible`` (its position travels with the
         job, as the simulation's single stream passes from client to client); None otherwise."""
@@ -250,9 +282,11 @@ class SiteWork:
             raise PolicyRefused("evaluation.round", f"round {round_index} is outside the plan's "
                                                     f"1..{self.config.rounds}")
         self._unused("evaluation", round_index)
-        set_vector(self.model, vector_from(body, self.length))
+        vector = vector_from(body, self.length)
+        set_vector(self.model, vector)
         sums = local_evaluation(self.model, self.test_data, n_classes=self.n_classes)
         self.pending = Contribution("statistics", round_index, sums, 1, kind="evaluation")
+        self.held_model = (hashlib.sha256(body).hexdigest(), vector)
 
     def moments(self, header: dict[str, Any], body: bytes) -> None:
         stage = field(header, "stage", int)

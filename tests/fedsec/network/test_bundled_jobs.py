@@ -215,9 +215,10 @@ def test_malformed_bundles_are_refused_before_anything_is_trained(deployment, tm
             answer, out = party.send(bad, body)
             assert answer["ok"] is False and answer["reason"] == "MalformedEnvelope" and out == b""
         assert party.records() == ([], [])
-        # a size that cuts the model short: the training refuses the vector, the stage is not run
+        # a size that cuts the model short: the site refuses the vector before it records the
+        # round (nothing was trained, nothing is charged) and the stage is not run
         answer, out = party.send({**header, "first_size": len(body) - len(stage) - 4}, body)
-        assert answer["ok"] is False and out == b"" and party.records() == ([1], [])
+        assert answer["ok"] is False and out == b"" and party.records() == ([], [])
         assert party.jobs.layer is None
     finally:
         party.close()
