@@ -24,6 +24,16 @@ def clients_per_round(fraction: float, n_clients: int) -> int:
     return max(int(fraction * n_clients + 1e-9), 1)
 
 
+def draw_round(rng: np.random.Generator, n_clients: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """A round's draws from the run generator, in order: the ``m`` sampled clients of
+    ``n_clients`` (sorted, without replacement) and one training seed each (in [0, 2**63 - 1)).
+    What :meth:`FederatedServer._round` draws first (a backend that prepares the next round ahead
+    draws the same from a copy of the generator)."""
+    selected = np.sort(rng.choice(n_clients, size=m, replace=False))
+    seeds = rng.integers(0, 2**63 - 1, size=m)
+    return selected, seeds
+
+
 class FederatedServer:
     """Runs federated training in simulation over one :class:`FederatedDataset`.
 
@@ -165,8 +175,7 @@ class FederatedServer:
 
     def _round(self, round_index: int, vector: np.ndarray, m: int) -> tuple[RoundRecord, np.ndarray]:
         start = time.perf_counter()
-        selected = np.sort(self.rng.choice(self.data.n_clients, size=m, replace=False))
-        seeds = self.rng.integers(0, 2**63 - 1, size=m)
+        selected, seeds = draw_round(self.rng, self.data.n_clients, m)
         updates, losses, failed = [], [], 0
         report_loss = "train_loss" in self.protocol.client_metrics
         tasks = [ClientTask(c, s) for c, s in zip(selected.tolist(), seeds.tolist(), strict=True)]

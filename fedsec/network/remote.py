@@ -19,8 +19,10 @@ order, so a reproducible plan gives the simulation's history.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from fedsec.fl_core.data import ArrayDataset
 from fedsec.fl_core.errors import AggregationError
 from fedsec.fl_core.federated_eval import FederatedEvaluator, sum_evaluations, sums_length
 from fedsec.fl_core.parameters import get_vector
+from fedsec.fl_core.server import clients_per_round, draw_round
 from fedsec.fl_core.standardize import MIN_STD
 from fedsec.network.client_noise import noise_rule
 from fedsec.network.coordinator import Bundle, Hub
@@ -59,6 +62,23 @@ class RemoteStrategy(Strategy):
 
     def apply(self, global_vector: np.ndarray, average: np.ndarray) -> np.ndarray:
         return self.inner.apply(global_vector, average)
+
+
+@dataclass
+class _Ahead:
+    """A round's update aggregation opened during the round before (see :meth:`RemoteRound.open_ahead`)."""
+
+    round_index: int
+    ids: list[int]
+    session: Any
+    before: dict[str, Any]
+    """The run generator's state after the round's sample and training seeds: what it must be when
+    the round's aggregation opens for this one to be that aggregation."""
+    after: dict[str, Any]
+    """Its state after the aggregation's own draws: where the run generator goes when it is taken."""
+    joins: dict[str, int]
+    """How many times each site had accepted the plan when it was opened (a site that accepts again
+    restarted, and lost its layers: the round then opens its own aggregation)."""
 
 
 class RemoteRound(AggregationProtocol):
@@ -105,6 +125,11 @@ class RemoteRound(AggregationProtocol):
         """The evaluation's aggregation of this round, opened by the update's round so that its
         first stages ride in the update's calls (a
         :class:`~fedsec.network.layers.masking.MaskedSession`); driven by :meth:`aggregate`."""
+        self.update: RemoteRound | None = None
+        """The update's round (set on the evaluation's round by the coordinator): an evaluation's
+        calls carry the key stages of the next round's update aggregation (:meth:`open_ahead`)."""
+        self.ahead: _Ahead | None = None
+        """The next round's update aggregation, opened during this round's evaluation."""
 
     @property
     def max_weight(self) -> int:
@@ -147,6 +172,62 @@ class RemoteRound(AggregationProtocol):
             self.opened = None
         return self.opened
 
+    def open_ahead(self, round_index: int) -> Any:
+        """Open round ``round_index``'s update aggregation now (this is the update's round, and
+        the round before is evaluating), so that the evaluation's calls carry its stages that need
+        no contribution (advertise keys, share keys) and the round's ``train`` jobs then travel
+        with its masked input: a round of 6 exchanges instead of 8.
+
+        It is opened over the clients the server loop will sample, drawing from a *copy* of the
+        run generator what the round will draw (its sample and training seeds,
+        :func:`~fedsec.fl_core.server.draw_round`, then the aggregation's own draws); the run
+        generator itself is moved only when the round takes it (:meth:`_take_ahead`), so the
+        history stays the simulation's. None where it cannot be: a layer that cannot be opened
+        ahead (every layer but masking), reproducible DP-SGD (its sites train one by one first),
+        client-level DP (each update's noise is drawn when it opens), a round past the plan's, no
+        global model yet, or a refusal before any draw."""
+        self.ahead = None
+        config = self.layer.context.config
+        opener = getattr(self.layer, "open", None)
+        if (opener is None or self.sequential_noise or not self.layer.bundles_first_job
+                or config.dp.mode == "client" or not 1 <= round_index <= config.rounds
+                or self.strategy.vector is None):
+            return None
+        draws = copy.deepcopy(self.layer.context.rng)
+        n = len(self.hub.names)
+        selected, _ = draw_round(draws, n, clients_per_round(config.train.fraction, n))
+        before = draws.bit_generator.state
+        ids = [int(c) for c in selected]
+        zeros = np.zeros(self.strategy.vector.size, dtype=np.float32)
+        try:
+            session = opener(round_index, [ClientUpdate(c, zeros, 1.0) for c in ids], purpose="update",
+                             rng=draws)
+        except ProtocolAbort:  # refused before any draw: the round opens its own
+            return None
+        self.ahead = _Ahead(round_index, ids, session, before, draws.bit_generator.state,
+                            dict(self.hub.joins))
+        return session
+
+    def _take_ahead(self, round_index: int, ids: list[int]) -> Any:
+        """The update aggregation opened ahead for this round, if it is the one the round's own
+        draws call for (same clients, the run generator where the copy was) and its key stages
+        completed with every one of them, none of which accepted the plan again since (a restarted
+        site lost its layers): the run generator then moves past its draws, as if the round had
+        opened it now. None otherwise: it is never driven, the round opens its own (a site that set
+        it up replaces it at the new setup)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        rng, session = self.layer.context.rng, ahead.session
+        names, joins = self.hub.names, self.hub.joins
+        if (ahead.round_index != round_index or ahead.ids != ids or rng.bit_generator.state != ahead.before
+                or session.done or session.stage != "masked input"
+                or set(session.server.members) != set(ids)
+                or any(joins.get(names[c]) != ahead.joins.get(names[c]) for c in ids)):
+            return None
+        rng.bit_generator.state = ahead.after
+        return session
+
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:
         self.hub.round, self.hub.purpose = round_index, purpose
@@ -156,10 +237,15 @@ class RemoteRound(AggregationProtocol):
                                    or [int(u.client_id) for u in updates] != opened.ids):
             opened = None  # not the aggregation it was opened for: it is never driven
         rider = None
+        if purpose == "statistics" and opened is not None and self.update is not None:
+            # this round's evaluation (opened in the update's calls): the next round's update
+            # aggregation agrees its keys in these calls
+            rider = self.update.open_ahead(round_index + 1)
         if purpose == "update":
             ids = [int(u.client_id) for u in updates]
             self.replayed = set()
             if self.sequential_noise or not self.layer.bundles_first_job:
+                self.ahead = None
                 trained = self._train(round_index, ids)
                 self._charge(round_index, trained)
                 updates = [u for u in updates if int(u.client_id) in trained]
@@ -167,6 +253,8 @@ class RemoteRound(AggregationProtocol):
                     raise ProtocolAbort("no site trained before the deadline")
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
                 bundle = self._training_bundle(round_index, ids)
+                # opened during the last evaluation, its keys agreed: the jobs travel with its masked input
+                opened = self._take_ahead(round_index, ids)
                 if self.evaluation is not None and hasattr(self.layer, "open"):
                     # the evaluation's stages that need no sums ride in this aggregation's first
                     # calls (not under reproducible DP-SGD, whose sites train one by one first: a

@@ -166,6 +166,8 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
         held["round"].on_released = experiment.privacy.budget.charge
     remote: RemoteRound = held["round"]
     remote.evaluation = held.get("evaluation")
+    if remote.evaluation is not None:  # its calls carry the key stages of the next round's update
+        remote.evaluation.update = remote
     return experiment, remote, held["ledgers"]
 
 

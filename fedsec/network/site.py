@@ -424,9 +424,9 @@ class SiteJobs:
             raise ClientAbort("a stage message without a setup")
         work, setup = self.site.work, layer.setup
 
-        def supply() -> tuple[Any, int]:  # a late input: an evaluation's sums of the layer's length only
-            return work.contribution(setup.get("purpose"), setup.get("round"), kind="evaluation",
-                                     length=layer.length)
+        def supply() -> tuple[Any, int]:  # a late input: of the layer's purpose and length only
+            kind = "evaluation" if setup.get("purpose") == "statistics" else "update"
+            return work.contribution(setup.get("purpose"), setup.get("round"), kind=kind, length=layer.length)
 
         try:
             out = layer.handle(stage, body, supply=supply) or b""
@@ -439,17 +439,21 @@ class SiteJobs:
 
     def _set_up(self, setup: dict[str, Any]) -> SiteLayer:
         """The layer a setup names, with the pending contribution it names (consumed now), or,
-        for statistics none is pending for and a layer that takes its input late, without it."""
+        when none is pending for it and the layer takes its input late, without it: an
+        evaluation's sums (the barrier cut) or a training's update (its keys agreed during the
+        round before), given at the layer's input stage."""
         work = self.site.work
         purpose, round_index = setup.get("purpose"), setup.get("round")
         pending = work.pending
         named = pending is not None and pending.purpose == purpose and pending.round == round_index
-        if not named and purpose == "statistics" and self.site_layer.INPUT_STAGE is not None:
-            refused = self.state.late_setup(self.sha, round_index, max_rounds=self.context.config.rounds)
+        if not named and purpose in self.PURPOSES and self.site_layer.INPUT_STAGE is not None:
+            kind = "evaluation" if purpose == "statistics" else "update"
+            refused = self.state.late_setup(self.sha, round_index, max_rounds=self.context.config.rounds,
+                                            kind=kind)
             if refused is not None:  # before any key is drawn or session row written (review 8b)
                 raise ClientAbort(refused)
-            return self.site_layer(self.context, setup=setup, vector=None, weight=0,
-                                   length=work.evaluation_length)
+            length = work.evaluation_length if purpose == "statistics" else work.length
+            return self.site_layer(self.context, setup=setup, vector=None, weight=0, length=length)
         vector, weight = work.contribution(purpose, round_index)
         return self.site_layer(self.context, setup=setup, vector=vector, weight=weight)
 

@@ -39,14 +39,19 @@ CREATE TABLE IF NOT EXISTS sessions (identity BLOB NOT NULL, session BLOB NOT NU
     PRIMARY KEY (identity, session, round));
 CREATE TABLE IF NOT EXISTS late_setups (run_id TEXT NOT NULL, round INTEGER NOT NULL,
     count INTEGER NOT NULL, PRIMARY KEY (run_id, round));
+CREATE TABLE IF NOT EXISTS late_update_setups (run_id TEXT NOT NULL, round INTEGER NOT NULL,
+    count INTEGER NOT NULL, PRIMARY KEY (run_id, round));
 """
 
 
 MAX_LATE_SETUPS = 3
-"""Most evaluation sums of one (plan, round) a site sets up before its input exists (the barrier
-cut's late input): the first and two more for a coordinator that resumed twice inside the round
+"""Most sums of one (plan, round) and kind (evaluation, update) a site sets up before its input
+exists (the barrier cut's late evaluation input; the update's keys agreed during the round before):
+the first and two more for a coordinator that resumed twice inside the round
 (review 8b: unbounded, each one a durable ``sessions`` row; as :data:`MAX_TRAININGS` bounds
 retrains)."""
+_LATE_TABLES = {"evaluation": "late_setups", "update": "late_update_setups"}
+"""Where :meth:`SiteState.late_setup` counts each kind (the evaluation's table is session 8's)."""
 MAX_TRAININGS = 3
 """Most trainings of one (plan, round) a site runs: the first and two retrains for a coordinator
 that resumed twice inside the round. Each training's answer is data-independent under DP (a failed
@@ -152,24 +157,30 @@ class SiteState:
         """The durable record of ``run_id``'s consumed contributions (for :class:`SiteWork`)."""
         return RunRecord(self, run_id)
 
-    def late_setup(self, run_id: str, round_index: Any, *, max_rounds: int) -> str | None:
-        """Count one evaluation sum of ``round_index`` set up before its input exists; the reason
-        it is refused instead (nothing counted): a round outside the plan's 1..``max_rounds``, the
-        round's evaluation already consumed, or :data:`MAX_LATE_SETUPS` set up already."""
+    def late_setup(self, run_id: str, round_index: Any, *, max_rounds: int,
+                   kind: str = "evaluation") -> str | None:
+        """Count one sum of ``round_index`` set up before its input exists (``kind``: an
+        ``evaluation``'s, or an ``update``'s whose keys were agreed during the round before); the
+        reason it is refused instead (nothing counted): a round outside the plan's
+        1..``max_rounds``, that round's contribution of ``kind`` already consumed, or
+        :data:`MAX_LATE_SETUPS` of that kind and round set up already."""
+        if kind not in _LATE_TABLES:
+            raise ValueError(f"no late setups of kind {kind!r}")
         if isinstance(round_index, bool) or not isinstance(round_index, int) \
                 or not 1 <= round_index <= max_rounds:
             return f"round {round_index!r} is outside the plan's 1..{max_rounds}"
+        table = _LATE_TABLES[kind]
         with transaction(self._db):
-            if self._db.execute("SELECT 1 FROM consumed WHERE run_id = ? AND kind = 'evaluation' "
-                                "AND round = ?", (run_id, round_index)).fetchone():
-                return f"this site's evaluation of round {round_index} already went into an aggregation"
-            row = self._db.execute("SELECT count FROM late_setups WHERE run_id = ? AND round = ?",
+            if self._db.execute("SELECT 1 FROM consumed WHERE run_id = ? AND kind = ? AND round = ?",
+                                (run_id, kind, round_index)).fetchone():
+                return f"this site's {kind} of round {round_index} already went into an aggregation"
+            row = self._db.execute(f"SELECT count FROM {table} WHERE run_id = ? AND round = ?",
                                    (run_id, round_index)).fetchone()
             count = 0 if row is None else int(row[0])
             if count >= MAX_LATE_SETUPS:
-                return (f"this site set up {count} evaluations of round {round_index} before their "
-                        f"sums, the most it sets up")
-            self._db.execute("INSERT OR REPLACE INTO late_setups VALUES (?, ?, ?)",
+                return (f"this site set up {count} sums of its {kind} of round {round_index} before "
+                        f"their input, the most it sets up")
+            self._db.execute(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?)",
                              (run_id, round_index, count + 1))
         return None
 

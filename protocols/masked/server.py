@@ -708,6 +708,11 @@ class MaskedServer:
         return self._stage is None
 
     @property
+    def members(self) -> tuple[int, ...]:
+        """The clients the current stage is addressed to (those still in the round); empty when done."""
+        return () if self._stage is None else self._stage.members
+
+    @property
     def rejected(self) -> dict[int, str]:
         """Clients removed for a malformed or invalid message up to their masked input, with the
         reason (never in the sum)."""

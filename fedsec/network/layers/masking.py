@@ -143,12 +143,13 @@ class MaskingCoordinator(CoordinatorLayer):
         return self.drive(self.open(round_index, updates, purpose=purpose))
 
     def open(self, round_index: int, updates: Sequence[ClientUpdate], *,
-             purpose: Purpose = "update") -> MaskedSession:
+             purpose: Purpose = "update", rng: np.random.Generator | None = None) -> MaskedSession:
         """A new aggregation of the contributions of ``updates``' sites, drawing from the run
-        generator what :meth:`aggregate` draws (the sites' rounding seeds, then the ring's order),
-        nothing exchanged yet: :meth:`drive` runs it, or another aggregation's exchanges carry its
-        first stages (:class:`MaskedSession`)."""
+        generator (or ``rng``, a copy of it that is ahead) what :meth:`aggregate` draws (the sites'
+        rounding seeds, then the ring's order), nothing exchanged yet: :meth:`drive` runs it, or
+        another aggregation's exchanges carry its first stages (:class:`MaskedSession`)."""
         ctx, s = self.context, self.context.config.secure
+        draws = ctx.rng if rng is None else rng
         ids = [int(u.client_id) for u in updates]
         self.last_dropped = {c: "the aggregation aborted" for c in ids}
         self.last_misbehaved = {}
@@ -164,8 +165,8 @@ class MaskingCoordinator(CoordinatorLayer):
         # every refusal (ProtocolAbort) comes before the generator's draws: an aggregation that
         # could not be opened ahead is opened again later with the same draws
         directory = self._directory(ids) if s.active else None
-        seeds = {c: int(ctx.rng.integers(0, 2**63 - 1)) for c in ids}
-        graph = RingGraph(shuffled_ring(ids, ctx.rng if self.reproducible else None), degree)
+        seeds = {c: int(draws.integers(0, 2**63 - 1)) for c in ids}
+        graph = RingGraph(shuffled_ring(ids, draws if self.reproducible else None), degree)
         nonce = os.urandom(SESSION_BYTES)
         session = bound_session(nonce, noise_context(ctx.config, self.client_noise[0])
                                 if noise is not None else NO_CONTEXT)
@@ -326,7 +327,8 @@ class MaskingSite(SiteLayer):
     STAGES = ("advertise keys", "share keys", "masked input", "consistency check", "unmask")
     INPUT_STAGE = "masked input"
     """Keys, shares and commitments do not depend on the input: an evaluation's session may be set
-    up before its sums exist, and take them at its masked-input stage."""
+    up before its sums exist, and an update's before its training (its keys agreed during the
+    round before; not under client-level DP), and take the input at the masked-input stage."""
     CLIENT_STAGES = dict(zip(STAGES, ("AwaitParams", "AwaitKeyList", "AwaitShares", "AwaitConsistency",
                                       "AwaitUnmask"), strict=True))
     """The :class:`MaskedClient` state each stage's message is for: a message labelled with
@@ -353,9 +355,9 @@ class MaskingSite(SiteLayer):
         if len(session_id) != SESSION_BYTES:
             raise ClientAbort(BAD_SETUP)
         update = purpose == "update"
-        if vector is None and update:  # only statistics (an evaluation's sums) are given late
-            raise ClientAbort(BAD_SETUP)
         client_level = update and config.dp.mode == "client"
+        if vector is None and client_level:  # a client-level update is never given late
+            raise ClientAbort(BAD_SETUP)
         if client_level and context.client_noise is None:
             raise ClientAbort(NO_NOISE)
         # the session this site takes part in binds its OWN noise context (review S6-1): a peer or

@@ -23,6 +23,7 @@ each session's sum holds a site at most once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ ROUND = 1
 STAGES = MaskingSite.STAGES
 OTHER = {"update": "statistics", "statistics": "update"}
 NOT_PENDING = "the aggregation's setup names no pending contribution of this site"
+UPDATE_SPENT = "this site's update of round 1 already went into an aggregation"
 OUT_OF_ORDER = "a stage message this aggregation already answered, or out of order"
 
 
@@ -271,7 +273,7 @@ def test_a_replayed_or_relabelled_stage_is_refused_before_the_contribution_is_ta
         # site 1: the same call again: both setups are refused (its update is spent; this identity
         # took part in the evaluation's session)
         assert ring.answer(1, *jobs[1]) == {}
-        assert ring.refusals == [NOT_PENDING, "this identity already took part in this session and round"]
+        assert ring.refusals == [UPDATE_SPENT, "this identity already took part in this session and round"]
         assert ring.parties[1].jobs.layers == {}
         ring.refusals.clear()
         # site 0: the evaluation's share-keys message labelled as its masked input, with an evaluate job
@@ -352,18 +354,24 @@ def test_malformed_second_parts_are_refused_whole(deployment, tmp_path):
         ring.close()
 
 
-def test_a_late_input_is_only_for_statistics(deployment, tmp_path):
-    """A setup naming the update with no pending update is refused (never set up without one)."""
+def test_a_late_update_setup_is_refused_once_the_update_is_spent_and_under_client_level_dp(
+        deployment, tmp_path):
+    """An update's session may be set up before its training (its keys agreed during the round
+    before), but not once that round's update went into an aggregation, and never under
+    client-level DP (each update's noise share is drawn for its own session)."""
     ring = Ring(deployment, tmp_path)
     try:
         stage, out = ring.sessions["update"].outgoing()
         party = ring.parties[0]
         assert ring.answer(0, *ring.job(0, "update", stage, out[0])).keys() == {"update"}
         assert ring.answer(0, *ring.job(0, "update", stage, out[0])) == {}  # consumed: no second setup
-        assert ring.refusals == [NOT_PENDING]
-        with pytest.raises(ClientAbort):
-            MaskingSite(party.jobs.context, setup={"purpose": "update", "round": 1, "session": "00" * 16,
-                                                   "certificates": {}}, vector=None, weight=0, length=4)
+        assert ring.refusals == [UPDATE_SPENT]
+        config = party.jobs.context.config
+        client_level = dataclasses.replace(config, dp=dataclasses.replace(config.dp, mode="client"))
+        context = dataclasses.replace(party.jobs.context, config=client_level)
+        with pytest.raises(ClientAbort, match="setup"):
+            MaskingSite(context, setup={"purpose": "update", "round": 1, "session": "00" * 16,
+                                        "certificates": {}}, vector=None, weight=0, length=4)
     finally:
         ring.close()
 
@@ -456,7 +464,8 @@ KNOWN = {
     "this identity already took part in this session and round", "contribution.used",
     "the masked-input stage came before this client was given its input", "too few survivors",
     "fewer than t neighbours", "MalformedEnvelope", "a client that was never in the round",
-    "survivor lists disagree", "itself listed as dropped",
+    "survivor lists disagree", "itself listed as dropped", UPDATE_SPENT,
+    "this site set up 3 sums of its update of round 1 before their input, the most it sets up",
 }
 """Every typed refusal the search may meet (a new one fails the test: look at it)."""
 assert SiteJobs.PURPOSES == ("update", "statistics")
