@@ -186,6 +186,8 @@ class RemoteRound(AggregationProtocol):
         ahead (every layer but masking), reproducible DP-SGD (its sites train one by one first),
         client-level DP (each update's noise is drawn when it opens), a round past the plan's, no
         global model yet, or a refusal before any draw."""
+        if self.ahead is not None:  # opened for a round that never took it
+            self._record_ahead(self.ahead)
         self.ahead = None
         config = self.layer.context.config
         opener = getattr(self.layer, "open", None)
@@ -224,9 +226,26 @@ class RemoteRound(AggregationProtocol):
                 or session.done or session.stage != "masked input"
                 or set(session.server.members) != set(ids)
                 or any(joins.get(names[c]) != ahead.joins.get(names[c]) for c in ids)):
+            self._record_ahead(ahead)
             return None
         rng.bit_generator.state = ahead.after
         return session
+
+    def _record_ahead(self, ahead: _Ahead) -> None:
+        """An aggregation opened ahead and never driven: the sites its key stages lost, and those
+        that misbehaved in them, in the audit log under its round (review 10, R10-3: a site that
+        sent garbage there was recorded nowhere, and the round silently took 8 exchanges)."""
+        server, names = ahead.session.server, self.hub.names
+        stage = f"{self.layer.name}/update (keys ahead)"
+        members = set(server.members)
+        for c in ahead.ids:
+            if c not in members:
+                why = server.rejected.get(c, "no answer before a stage deadline, or aborted")
+                self.hub.audit.event("dropout", round=ahead.round_index, stage=stage,
+                                     details={"site": names[c], "reason": why})
+        for c, why in sorted(server.misbehaved.items()):
+            self.hub.audit.event("misbehaved", round=ahead.round_index, stage=stage,
+                                 details={"site": names[c], "reason": why})
 
     def aggregate(self, round_index: int, updates: Sequence[ClientUpdate], *,
                   purpose: Purpose = "update") -> AggregateResult:

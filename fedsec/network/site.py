@@ -355,9 +355,10 @@ class SiteJobs:
             fields, out = self.one(kind, header, body, round_index)
             answer.update(fields)
         except ClientAbort as abort:
-            answer, out = {"job": job, "ok": False, "reason": abort.reason}, b""
+            reason = _short(abort.reason)
+            answer, out = {"job": job, "ok": False, "reason": reason}, b""
             self._drop(purpose)
-            self.site._event("abort", {"kind": kind, "reason": abort.reason}, round_index)
+            self.site._event("abort", {"kind": kind, "reason": reason}, round_index)
         except PolicyRefused as refusal:
             answer, out = {"job": job, "ok": False, "reason": refusal.rule}, b""
             self.site._event("job_refused", {"kind": kind, "rule": refusal.rule}, round_index)
@@ -377,10 +378,10 @@ class SiteJobs:
         try:
             out = self.stage(purpose, stage, body)
         except ClientAbort as abort:
+            reason = _short(abort.reason)
             self._drop(purpose)
-            self.site._event("abort", {"kind": "layer", "purpose": purpose, "reason": abort.reason},
-                             round_index)
-            return {"ok": False, "reason": abort.reason, "size": 0}, b""
+            self.site._event("abort", {"kind": "layer", "purpose": purpose, "reason": reason}, round_index)
+            return {"ok": False, "reason": reason, "size": 0}, b""
         except (ValueError, ArithmeticError, RuntimeError) as error:
             self._drop(purpose)
             self.site._event("job_failed", {"kind": "layer", "purpose": purpose,
@@ -479,10 +480,10 @@ class SiteJobs:
                         work.privacy.budget.charge(done)
             site._ack(header.get("head"), round_index)
             train_round = envelope.field(header, "round", int)
-            model = work.job_model(header, body)  # one it cannot start from: refused before it is recorded
+            inputs = work.train_inputs(header, body)  # a malformed job: refused before it is recorded
             again = train_round in state.contributed(sha)
             count = state.contribute(sha, train_round, max_rounds=config.rounds)
-            answer = work.train(header, body, model=model)
+            answer = work.train(header, body, inputs=inputs)
             site._event("contribution", {"count": count, **({"retrain": True} if again else {})},
                         round_index)
             if work.epsilon is not None:
@@ -493,6 +494,15 @@ class SiteJobs:
             getattr(work, kind)(header, body)
             return {}
         raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
+
+
+REASON_CHARS = 200
+"""A refusal's reason is cut to this many characters in the answer and the site's audit event (a
+reason may quote a value the coordinator sent)."""
+
+
+def _short(reason: Any) -> str:
+    return str(reason)[:REASON_CHARS]
 
 
 def bundled(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes, bytes]:

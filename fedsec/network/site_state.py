@@ -167,8 +167,8 @@ class SiteState:
         if kind not in _LATE_TABLES:
             raise ValueError(f"no late setups of kind {kind!r}")
         if isinstance(round_index, bool) or not isinstance(round_index, int) \
-                or not 1 <= round_index <= max_rounds:
-            return f"round {round_index!r} is outside the plan's 1..{max_rounds}"
+                or not 1 <= round_index <= max_rounds:  # the coordinator's value, shown cut short
+            return f"round {repr(round_index)[:40]} is outside the plan's 1..{max_rounds}"
         table = _LATE_TABLES[kind]
         with transaction(self._db):
             if self._db.execute("SELECT 1 FROM consumed WHERE run_id = ? AND kind = ? AND round = ?",

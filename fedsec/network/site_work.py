@@ -46,6 +46,9 @@ from fedsec.network.errors import PolicyRefused
 from fedsec.protocols.errors import ClientAbort
 from fedsec.protocols.privacy.client_level import clip_update
 
+TrainInputs = tuple[np.ndarray, np.random.Generator, int | None]
+"""A ``train`` job's global model, training generator and noise-stream offset
+(:meth:`SiteWork.train_inputs`)."""
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 EPSILON_TOLERANCE = 1e-6
 """Relative slack when a site checks the plan's epsilon with the coordinator's noise multiplier."""
@@ -193,32 +196,49 @@ class SiteWork:
                                             f"epsilon {probe.spent:.4g} over {config.rounds} rounds, "
                                             f"above the plan's {target:g}")
 
-    def train(self, header: dict[str, Any], body: bytes, *,
-              model: np.ndarray | None = None) -> dict[str, Any]:
-        """Local training for the job's round; returns what the answer adds (the noise stream's
-        position under reproducible DP-SGD). Without DP, ``ClientAbort('nonfinite')`` when the
-        local model is not finite (the simulation's failed client) and ``ClientAbort('training')``
-        when training raises. Under DP (DP-SGD or client level) a failed training of either kind
-        is a zero update with the usual weight, answered like any other: whether it fails is a
-        function of the site's records, so the answer may not depend on it (post-processing of
-        the mechanism's output; the round is charged as usual). ``model``: the job's global model
-        if already read with :meth:`job_model`."""
-        assert self.strategy is not None
-        round_index = field(header, "round", int)
-        vector = self.job_model(header, body) if model is None else model
+    def train_inputs(self, header: dict[str, Any], body: bytes) -> TrainInputs:
+        """What a ``train`` job gives the training, each checked before anything is recorded (the
+        caller reads them before ``site.db`` records the round): the global model
+        (:meth:`job_model`), the round's training generator (a PCG64 state), and under
+        reproducible DP-SGD the seeded noise stream's offset (>= 0; None otherwise).
+
+        Raises:
+            MalformedEnvelope: a field missing or malformed (review 10, R10-1: a malformed
+                generator state was refused only after the round was recorded).
+            ClientAbort: ``model.unknown`` (:meth:`job_model`).
+        """
+        field(header, "round", int)
+        vector = self.job_model(header, body)
         rng = np.random.default_rng()
         state = header.get("rng")
         if not isinstance(state, dict) or state.get("bit_generator") != "PCG64":
             raise MalformedEnvelope("the training generator's state is not a PCG64 state")
         try:
             rng.bit_generator.state = state
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, OverflowError):
             raise MalformedEnvelope("the training generator's state is malformed") from None
-        random = self._noise_stream()
-        if random is not None:
+        offset = None
+        if self._noise_stream() is not None:
             offset = field(header, "noise", int)
             if offset < 0:
                 raise MalformedEnvelope("negative noise-stream offset")
+        return vector, rng, offset
+
+    def train(self, header: dict[str, Any], body: bytes, *,
+              inputs: TrainInputs | None = None) -> dict[str, Any]:
+        """Local training for the job's round; returns what the answer adds (the noise stream's
+        position under reproducible DP-SGD). Without DP, ``ClientAbort('nonfinite')`` when the
+        local model is not finite (the simulation's failed client) and ``ClientAbort('training')``
+        when training raises. Under DP (DP-SGD or client level) a failed training of either kind
+        is a zero update with the usual weight, answered like any other: whether it fails is a
+        function of the site's records, so the answer may not depend on it (post-processing of
+        the mechanism's output; the round is charged as usual). ``inputs``: the job's
+        :meth:`train_inputs` if already read."""
+        assert self.strategy is not None
+        round_index = field(header, "round", int)
+        vector, rng, offset = self.train_inputs(header, body) if inputs is None else inputs
+        random = self._noise_stream()
+        if random is not None and offset is not None:
             random.load_state_dict({"key": random.state_dict()["key"], "offset": offset})
         self.model.train()  # an evaluation job may have come first (a restarted site)
         try:
