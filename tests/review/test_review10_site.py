@@ -279,9 +279,15 @@ def test_a_named_model_refused_records_charges_and_leaves_nothing(deployment, tm
 # --- findings --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="R10-1 (LOW): a train job refused as MalformedEnvelope for its "
-                                       "generator state is recorded in site.db (contributions, trainings) "
-                                       "before the refusal: a round of the plan spent, charged on restart")
+R10_1 = ("R10-1 (LOW): a train job refused as MalformedEnvelope for its generator state is recorded in "
+         "site.db (contributions, trainings) before the refusal: a round of the plan spent, "
+         "charged on restart")
+R10_2 = ("R10-2 (LOW): a setup whose round is a JSON string longer than the audit row's limit makes "
+         "SiteJobs.run raise ValueError from its refusal handler (the site process exits 2) "
+         "instead of refusing")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=R10_1)
 def test_r10_1_a_train_job_with_a_malformed_generator_state_is_refused_before_it_is_recorded(
         deployment, tmp_path):
     party = Party(deployment, 0, tmp_path / "s")
@@ -296,9 +302,7 @@ def test_r10_1_a_train_job_with_a_malformed_generator_state_is_refused_before_it
         party.close()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="R10-2 (LOW): a setup whose round is a JSON string longer than the "
-                                       "audit row's limit makes SiteJobs.run raise ValueError from its "
-                                       "refusal handler (the site process exits 2) instead of refusing")
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=R10_2)
 @pytest.mark.parametrize("purpose", ["update", "statistics"])
 def test_r10_2_a_setup_with_a_long_non_integer_round_is_refused_not_fatal(deployment, tmp_path, purpose):
     party = Party(deployment, 0, tmp_path / "s")
