@@ -19,13 +19,17 @@ the dead coordinator's aggregation (none went into a second one, none was traine
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
+from fedsec.network import envelope
+from tests.fedsec.network import resume_harness
 from tests.review.test_resume_cut_opened_ahead import (
     COLUMNS,
     ROUNDS,
     Federation,
+    RealSite,
     _check_sites,
     _generators,
     _history,
@@ -83,5 +87,97 @@ def test_a_crash_at_any_call_of_a_keys_ahead_round_loses_at_most_that_round(poin
             assert all(count == 1 for _, count in _late(site)), _late(site)
             trainings = dict(site.state._db.execute("SELECT round, count FROM trainings").fetchall())
             assert trainings == {1: 1, 2: 1, 3: 1}, trainings  # the lost round was never trained again
+    finally:
+        federation.close()
+
+
+class _Restarting(Federation):
+    """Site 0's process restarts (a new ``Party`` over the same ``site.db``; its memory is lost) when
+    the ``at``-th job of round ``round_index`` reaches it, ``before`` or after it answers; the hub
+    sees it accept the plan again (its join count), as it does when a real site calls back."""
+
+    def __init__(self, root, *, round_index: int, at: int, before: bool) -> None:
+        super().__init__(root)
+        self.hub: Any = None
+        name = self.d.sites[0].name
+        site, seen = self.sites[name], {"n": 0}
+
+        def restart() -> None:
+            old = self.sites[name]
+            old.close()
+            fresh = RealSite(self.d, 0)
+            fresh.answer = patched  # type: ignore[method-assign]
+            self.sites[name] = fresh
+            self.hub.joins[name] = self.hub.joins.get(name, 0) + 1
+
+        def patched(payload: bytes) -> bytes:
+            header, _ = envelope.decode(payload)
+            if header.get("round") == round_index:
+                seen["n"] += 1
+            here = header.get("round") == round_index and seen["n"] == at
+            if here and before:
+                restart()
+            reply = RealSite.answer(self.sites[name], payload)  # the unmodified site's answer
+            if here and not before:
+                restart()
+            return reply
+
+        site.answer = patched  # type: ignore[method-assign]
+
+
+def _capture_hub(monkeypatch: pytest.MonkeyPatch, federation: _Restarting) -> None:
+    original = resume_harness.run_coordinator
+
+    def spy(config: Any, hub: Any, *args: Any, **kwargs: Any) -> Any:
+        federation.hub = hub
+        return original(config, hub, *args, **kwargs)
+
+    monkeypatch.setattr(resume_harness, "run_coordinator", spy)
+
+
+def test_a_site_restarted_after_its_next_rounds_keys_went_out_is_in_that_round(uninterrupted, tmp_path,
+                                                                              monkeypatch):
+    """Site 0 restarts right after answering round 1's last evaluation call that carried round 2's
+    keys (its share keys): round 2 does not take the aggregation opened ahead (a site in it accepted
+    the plan again), opens its own with the same draws, sends site 0 the model's body, and all four
+    sites are in it; the run's history and both generators are the uninterrupted run's."""
+    _, reference, generators = uninterrupted
+    federation = _Restarting(tmp_path / "d", round_index=1, at=7, before=False)
+    try:
+        _capture_hub(monkeypatch, federation)
+        summary = federation.coordinator()
+        assert summary is not None and summary["rounds_run"] == ROUNDS
+        _check_sites(federation)
+        log = [s for s, r in federation.log if r == 2]
+        assert log[:2] == ["train+layer/advertise keys", "layer/share keys"]  # its own aggregation
+        history = _history(federation.out / "history.csv")
+        for a, b in zip(history, reference, strict=True):
+            assert a["status"] == b["status"] == "ok" and a["participants"] == b["participants"] == "4", a
+            assert math.isclose(float(a["epsilon"]), float(b["epsilon"]), rel_tol=1e-9)
+        assert _generators(federation) == generators
+        site = federation.sites[federation.d.sites[0].name]
+        assert sorted(r for kind, r in site.consumed() if kind == "update") == [1, 2, 3]
+    finally:
+        federation.close()
+
+
+def test_a_site_restarted_as_its_keys_ahead_round_begins_sits_it_out_recorded_nowhere(tmp_path, monkeypatch):
+    """Site 0 restarts just before round 2's first call (train jobs naming the model it held, with
+    the masked input of the aggregation opened ahead) reaches it: it refuses ``model.unknown``
+    before recording the round; round 2 completes with the three others (site 0's masks removed
+    with its neighbours' shares); site 0 is back in round 3; its ``site.db`` and ledger hold rounds
+    1 and 3 only."""
+    federation = _Restarting(tmp_path / "d", round_index=2, at=1, before=True)
+    try:
+        _capture_hub(monkeypatch, federation)
+        summary = federation.coordinator()
+        assert summary is not None and summary["rounds_run"] == ROUNDS
+        _check_sites(federation)
+        assert [s for s, r in federation.log if r == 2][0] == "train+layer/masked input"  # taken ahead
+        history = _history(federation.out / "history.csv")
+        assert [(r["status"], r["participants"]) for r in history] == [("ok", "4"), ("ok", "3"), ("ok", "4")]
+        site = federation.sites[federation.d.sites[0].name]
+        assert site.state.contributed(site.sha) == [1, 3]
+        assert sorted(r for kind, r in site.consumed() if kind == "update") == [1, 3]
     finally:
         federation.close()
