@@ -181,3 +181,71 @@ def test_a_site_restarted_as_its_keys_ahead_round_begins_sits_it_out_recorded_no
         assert sorted(r for kind, r in site.consumed() if kind == "update") == [1, 3]
     finally:
         federation.close()
+
+
+def _garbage_in_the_keys_ahead(federation: Federation, k: int) -> str:
+    """Site k answers every advertise-keys stage of an update aggregation opened ahead (the ``also``
+    part of the evaluation's masked-input call) with bytes that are no protocol message, and
+    everything else honestly (its own site code)."""
+    name = federation.d.sites[k].name
+    site = federation.sites[name]
+    honest = site.answer
+
+    def answer(payload: bytes) -> bytes:
+        header, _ = envelope.decode(payload)
+        reply = honest(payload)
+        also = header.get("also")
+        second = (also.get("purpose"), also.get("stage")) if isinstance(also, dict) else None
+        if second == ("update", "advertise keys"):
+            head, body = envelope.decode(reply)
+            junk = b"\x00not a protocol message" * 2
+            size, head["also"]["size"] = head["also"]["size"], len(junk)
+            return envelope.encode(head, body[:len(body) - size] + junk)
+        return reply
+
+    site.answer = answer  # type: ignore[method-assign]
+    return name
+
+
+def test_garbage_in_the_keys_ahead_only_costs_the_shortcut(uninterrupted, tmp_path):
+    """Held: a site that breaks every update aggregation opened ahead (garbage in its key stages) and
+    is honest otherwise: no round takes an aggregation opened ahead (each opens its own, 8
+    exchanges), every round has all four sites, and the history and both generators are the
+    uninterrupted run's (the draws are the round's own)."""
+    _, reference, generators = uninterrupted
+    federation = Federation(tmp_path / "d")
+    try:
+        _garbage_in_the_keys_ahead(federation, 3)
+        summary = federation.coordinator()
+        assert summary is not None and summary["rounds_run"] == ROUNDS
+        assert [s for s, r in federation.log if r == 2][0] == "train+layer/advertise keys"
+        history = _history(federation.out / "history.csv")
+        assert [(r["status"], r["participants"]) for r in history] == [(b["status"], b["participants"])
+                                                                     for b in reference]
+        assert _generators(federation) == generators
+    finally:
+        federation.close()
+
+
+R10_3 = ("R10-3 (MEDIUM, accountability): a site removed by the protocol from an update aggregation opened "
+         "ahead (garbage in its key stages) is recorded nowhere in the coordinator's audit log: the round "
+         "does not take that aggregation and opening its own resets the layer's dropped/misbehaved lists, "
+         "so a site can silently turn every round back to 8 exchanges (docs/deployment.md: a garbage site "
+         "is recorded, dropout / misbehaved)")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=R10_3)
+def test_r10_3_a_site_removed_from_an_aggregation_opened_ahead_is_in_the_audit_log(tmp_path):
+    from fedsec.audit.log import read_events
+
+    federation = Federation(tmp_path / "d")
+    try:
+        name = _garbage_in_the_keys_ahead(federation, 3)
+        assert federation.coordinator() is not None
+        named = [(e.round, e.action, e.stage) for e in read_events(federation.out / "audit.db")
+                 if e.action in ("dropout", "misbehaved") and (e.details or {}).get("site") == name]
+        # it was removed from two aggregations (round 2's and round 3's, opened during rounds 1 and
+        # 2); not one row names it
+        assert named, named
+    finally:
+        federation.close()
