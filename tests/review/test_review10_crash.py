@@ -18,6 +18,7 @@ the dead coordinator's aggregation (none went into a second one, none was traine
 
 from __future__ import annotations
 
+import csv
 import math
 from typing import Any
 
@@ -249,3 +250,60 @@ def test_r10_3_a_site_removed_from_an_aggregation_opened_ahead_is_in_the_audit_l
         assert named, named
     finally:
         federation.close()
+
+
+class _Sampled(resume_harness.Federation):
+    """Four unmodified sites (``RealSite``), no DP noise, a quarter of them left out of each round
+    (``train.fraction = 0.75``: 3 of 4 sampled); each (round, site)'s training generator state as its
+    train job carried it."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root, rounds=3, extra='[dp]\nmode = "none"\n[train]\nfraction = 0.75\n')
+        for site in self.sites.values():
+            site.close()
+        self.sites = {s.name: RealSite(self.d, k) for k, s in enumerate(self.d.sites)}  # type: ignore[misc]
+        self.training: dict[tuple[int, str], Any] = {}
+        for site in self.sites.values():
+            honest = site.answer
+
+            def spy(payload: bytes, honest: Any = honest, name: str = site.name) -> bytes:
+                header, _ = envelope.decode(payload)
+                first = header.get("first") if isinstance(header.get("first"), dict) else header
+                if first.get("kind") == "train":
+                    self.training[(first["round"], name)] = first["rng"]
+                return honest(payload)
+
+            site.answer = spy  # type: ignore[method-assign]
+
+
+def _rows(path: Any) -> list[dict[str, str]]:
+    return list(csv.DictReader(open(path)))
+
+
+def test_with_a_sample_of_the_sites_the_keys_ahead_keep_the_draws_of_a_run_without(tmp_path, monkeypatch):
+    """``train.fraction < 1``: the aggregation opened ahead is over the sites the copy of the run
+    generator sampled; rounds 2 and 3 take it (6 exchanges) and the run's samples, training seeds,
+    statuses, participants and both generators equal a run with ``open_ahead`` disabled."""
+    from fedsec.network.remote import RemoteRound
+
+    ahead = _Sampled(tmp_path / "ahead")
+    try:
+        assert ahead.coordinator() is not None
+        log, history = list(ahead.log), _rows(ahead.out / "history.csv")
+        generators, training = _generators(ahead), dict(ahead.training)
+    finally:
+        ahead.close()
+    monkeypatch.setattr(RemoteRound, "open_ahead", lambda self, round_index: None)
+    plain = _Sampled(tmp_path / "plain")
+    try:
+        assert plain.coordinator() is not None
+        assert [s for s, r in log if r in (2, 3)][0] == "train+layer/masked input"
+        assert [s for s, r in plain.log if r in (2, 3)][0] == "train+layer/advertise keys"
+        columns = ("round", "status", "participants", "dropped", "eval_sites")
+        assert [{k: r[k] for k in columns} for r in history] == \
+            [{k: r[k] for k in columns} for r in _rows(plain.out / "history.csv")]
+        assert all(r["participants"] == "3" for r in history)
+        assert generators == _generators(plain)
+        assert len(training) == 9 and training == plain.training
+    finally:
+        plain.close()
