@@ -1,5 +1,13 @@
-"""Review 10: the coordinator killed at the calls of a keys-ahead round that
+"""Review 10: the coordinator's side of the keys a round ahead, with the project's coordinator
+(``run_coordinator``, ``Hub``) and four UNMODIFIED sites behind the crash harness's mailboxes.
+
+1. The coordinator killed at the calls of a keys-ahead round that
 ``tests/review/test_resume_cut_opened_ahead.py`` leaves out, then resumed from its checkpoint.
+2. A site process restarted after its next round's keys went out, or as that round begins.
+3. A site (one of the c colluders) that answers the key stages of every aggregation opened ahead
+with garbage: held, the draws and history are a plain run's; finding R10-3, nothing names it in
+the coordinator's audit log.
+4. ``train.fraction < 1``: the draws, samples and history of a run without keys ahead.
 
 Adversary: a crash (the coordinator process dies at the k-th exchange of a round, before the jobs
 reach the sites or after they answered; ``fedsec serve --resume`` then starts from the last
@@ -7,7 +15,7 @@ checkpoint). The sites are the project's UNMODIFIED ``SiteJobs`` on real ``Site`
 (``test_resume_cut_opened_ahead.Federation``); rounds 2 and 3 run the 6-exchange schedule, round 3's
 update keys ride in round 2's evaluation calls.
 
-Checked, for a crash at round 2's unmask (call 3, before and after) and at round 3's calls 1, 4, 6:
+Checked (1), for a crash at round 2's unmask (call 3, before and after) and at round 3's calls 1, 4, 6:
 a crash before any job of the round reached a site loses nothing (history and both generators as
 the uninterrupted run's); otherwise the round is lost and only it (every other round whole, all
 four sites); no site consumes a (kind, round) twice; each site's ledger charges exactly the rounds it
