@@ -26,18 +26,22 @@ instead of refusing the job.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from typing import Any
 
 import numpy as np
 import pytest
 from fedsec.fl_core.aggregation import ClientUpdate
+from fedsec.protocols.errors import ProtocolAbort
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fedsec.network import demo, envelope
 from fedsec.network.envelope import vector_bytes
 from fedsec.network.site_state import MAX_LATE_SETUPS
 from tests.fedsec.network.test_bundled_jobs import RUN, Party, evaluate_job, train_job
 from tests.fedsec.network.test_keys_ahead import EVALUATED, NEXT, Ring, _keys
-from tests.fedsec.network.test_two_sessions import layer
+from tests.fedsec.network.test_two_sessions import KNOWN, layer
 
 N = 3
 NOT_PENDING = "the aggregation's setup names no pending contribution of this site"
@@ -315,3 +319,136 @@ def test_r10_2_a_setup_with_a_long_non_integer_round_is_refused_not_fatal(deploy
         assert _rows(party, "late_update_setups") == [] and _rows(party, "late_setups") == []
     finally:
         party.close()
+
+
+# --- a search over sessions of two rounds ---------------------------------------------------------
+
+
+@st.composite
+def _schedules(draw: st.DrawFn) -> list[tuple[int, int, bool]]:
+    """Which of three update sessions (rounds 2, 2 and 3) steps next, the round of the train job
+    (none, 2 or 3) the coordinator bundles into site 0's message of it, and whether it also trains
+    site 0 on another model first (a retrain of that round, from a model the coordinator picks)."""
+    return draw(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 2, 3]), st.booleans()),
+                         min_size=1, max_size=10))
+
+
+def _play(deployment: demo.Deployment, root: Any, schedule: list[tuple[int, int, bool]]) -> tuple[int, list]:
+    """Three update sessions set up before their input (two of round 2, one of round 3), driven in
+    any interleaving; site 0's messages carry train jobs of either round (or none), on models the
+    coordinator varies. Whatever went into a session's masked input at a site is, bit for bit, an
+    update that site trained for THAT session's round; each sum is exactly the sum of what its
+    participants put in; no (site, round) update is in two sums; site.db consumes each once."""
+    ring = Ring(deployment, root)
+    try:
+        sessions = [ring.updates[0], _open(deployment, ring, NEXT, 61), _open(deployment, ring, 3, 62)]
+        rounds = [NEXT, NEXT, 3]
+        nonce = [s.setups[0]["session"] for s in sessions]
+        trained: dict[tuple[int, int], list[bytes]] = {}
+        given_in: dict[tuple[int, int], tuple[bytes, int]] = {}
+        """(session, site) -> the vector and weight its layer took."""
+        models = iter(range(100, 10_000))
+
+        def train(c: int, round_index: int, seed: int | None = None) -> tuple[dict[str, Any], bytes]:
+            party = ring.parties[c]
+            header, body = train_job(party, round_index)
+            if seed is not None:
+                body = _model(party, seed)
+            return header, body
+
+        for c, party in enumerate(ring.parties):  # every update a site's training leaves pending
+            def spy(header: dict[str, Any], body: bytes, *, work: Any = party.site.work, c: int = c,
+                    original: Any = party.site.work.train, **kwargs: Any) -> dict[str, Any]:
+                extra = original(header, body, **kwargs)
+                trained.setdefault((c, work.pending.round), []).append(work.pending.vector.tobytes())
+                return extra
+
+            party.site.work.train = spy  # type: ignore[method-assign]
+
+        def taken(c: int) -> None:
+            current = ring.parties[c].jobs.layers.get("update")
+            if current is not None and current.vector is not None:
+                k = nonce.index(current.setup["session"]) if current.setup["session"] in nonce else None
+                if k is not None:
+                    given_in.setdefault((k, c), (current.vector.tobytes(), current.weight))
+
+        # then each session in turn to its end, site 0 trained for its round (a session whose layers
+        # the others replaced aborts; one not started yet completes)
+        finish = [(k, rounds[k], False) for k in range(3) for _ in range(5)]
+        for k, train_round, retrain in itertools.chain(schedule, finish):
+            if all(s.done for s in sessions):
+                break
+            session = sessions[k]
+            if session.done:
+                continue
+            stage, out = session.outgoing()
+            replies = {}
+            for c, message in out.items():
+                first = None
+                if stage == "masked input":
+                    if c == 0 and train_round:
+                        if retrain:
+                            ring.parties[0].send(*train(0, train_round, next(models)))
+                        first = train(0, train_round, next(models))
+                    elif c != 0:
+                        first = train(c, rounds[k])
+                job_round = rounds[k] if first is None else first[0]["round"]  # a bundle's is its job's
+                got = ring.answer(c, *ring.job(c, "update", job_round, stage, message, first=first))
+                taken(c)
+                if "update" in got:
+                    replies[c] = got["update"]
+            session.take(replies)
+        summed: list[tuple[int, int]] = []
+        completed = 0
+        clip = ring.config.secure.clip
+        for k, session in enumerate(sessions):
+            try:
+                result = session.result()
+            except ProtocolAbort:
+                continue
+            total = np.zeros(ring.parties[0].site.work.length)
+            weight = 0
+            for c in result.participants:
+                vector, w = given_in[(k, c)]
+                assert vector in trained[(c, rounds[k])]  # an update of this session's round
+                total += w * np.clip(np.frombuffer(vector, np.float32).astype(np.float64), -clip, clip)
+                weight += w
+                summed.append((c, rounds[k]))
+            assert result.total_weight == weight, (result.total_weight, weight)
+            assert np.allclose(result.weighted_sum, total, atol=1e-3 * weight)
+            completed += 1
+        assert len(summed) == len(set(summed))
+        for used in ring.consumed():
+            assert len(used) == len(set(used))
+        assert set(ring.refusals) <= KNOWN | {NOT_PENDING, "MalformedEnvelope", "rounds.retrained",
+                                              "rounds.replayed"} | {
+            f"this site's update of round {r} already went into an aggregation" for r in (NEXT, 3)} | {
+            f"this site set up {MAX_LATE_SETUPS} sums of its update of round {r} before their input, "
+            f"the most it sets up" for r in (NEXT, 3)}, \
+            set(ring.refusals)
+        return completed, sorted(summed)
+    finally:
+        ring.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(schedule=_schedules())
+def test_search_sessions_of_two_rounds_never_sum_an_update_of_another_round_or_twice(
+        deployment, tmp_path_factory, schedule):
+    _play(deployment, tmp_path_factory.mktemp("r10search"), schedule)
+
+
+@pytest.mark.parametrize("schedule, completed, summed", [
+    ([(2, 3, False)], 1, [(0, NEXT), (1, NEXT), (2, NEXT)]),  # round 3's set up, round 2's then completes
+    # site 0 brings round 3's update to round 2's masked input (and round 2's to round 3's): refused,
+    # and with 3 sites no sum survives a dropout after share keys
+    ([(0, 0, False), (0, 0, False), (0, 3, True)], 0, []),
+    ([(2, 0, False), (2, 0, False), (2, 2, False)], 0, []),
+])
+def test_the_search_sums_where_it_should(deployment, tmp_path, schedule, completed, summed):
+    """The search's driver is not vacuous: a session completes with every site's update of its
+    round; site 0's update of the other round keeps it out (no sum: 3 sites tolerate no dropout
+    after share keys)."""
+    assert _play(deployment, tmp_path, schedule) == (completed, summed)
