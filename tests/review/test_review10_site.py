@@ -15,7 +15,11 @@ for the update inside a statistics job takes nothing while the evaluation's sums
 round's old (late) session cannot be revived once a new session of that round consumed the update;
 the held model is never changed by training and only a completed evaluation sets it; a named model
 the site does not hold, a malformed name and a restart leave no record, charge and pending update;
-late update setups for rounds outside 1..rounds or of any non-integer JSON write no row.
+late update setups for rounds outside 1..rounds or of any non-integer JSON write no row; a
+hypothesis search over three late update sessions of rounds 2 and 3, train jobs of either round
+bundled into any of their masked inputs and retrains on models the coordinator picks finds that
+what a masked input took is always, bit for bit, an update the site trained for that session's
+round, every sum exact, no (site, round) update in two sums.
 
 Findings (strict xfail, named): R10-1 a train job refused as ``MalformedEnvelope`` for its
 generator state is recorded in ``site.db`` first; R10-2 a setup naming a round that is a long JSON
@@ -284,8 +288,8 @@ def test_a_named_model_refused_records_charges_and_leaves_nothing(deployment, tm
 
 
 R10_1 = ("R10-1 (LOW): a train job refused as MalformedEnvelope for its generator state is recorded in "
-         "site.db (contributions, trainings) before the refusal: a round of the plan spent, "
-         "charged on restart")
+         "site.db (contributions, trainings) though nothing was trained: it takes one of the round's "
+         "MAX_TRAININGS and the site's ledger charges it when the site restarts")
 R10_2 = ("R10-2 (LOW): a setup whose round is a JSON string longer than the audit row's limit makes "
          "SiteJobs.run raise ValueError from its refusal handler (the site process exits 2) "
          "instead of refusing")
