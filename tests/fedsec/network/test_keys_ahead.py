@@ -26,7 +26,6 @@ Properties:
 from __future__ import annotations
 
 import copy
-import csv
 import dataclasses
 import itertools
 from pathlib import Path
@@ -48,6 +47,7 @@ from fedsec.network.layers.masking import MaskedSession
 from fedsec.network.remote import RemoteRound
 from fedsec.network.site_state import MAX_LATE_SETUPS
 from tests.fedsec.network.test_bundled_jobs import Party, evaluate_job, train_job
+from tests.fedsec.network.test_model_by_digest import _history
 from tests.fedsec.network.test_two_sessions import KNOWN, layer
 
 N = 3
@@ -353,13 +353,6 @@ def test_search_two_sessions_of_a_round_sum_honest_updates_or_abort_typed(deploy
         assert set(ring.refusals) <= KNOWN | LATE
     finally:
         ring.close()
-
-
-def _history(path: Path) -> list[dict[str, str]]:
-    rows = list(csv.DictReader(open(path)))
-    for row in rows:
-        row.pop("seconds")
-    return rows
 
 
 @pytest.mark.slow
