@@ -12,6 +12,10 @@ from fedsec.fl_core.errors import FLError
 
 INSTALL_HINT = "pip install 'fedsec[ray]'"
 
+LOCAL_START_ATTEMPTS = 2
+"""Times a local Ray is started before giving up: on a loaded machine its node can miss Ray's 30 s
+wait for the raylet to register (seen once in a full test run on 2 cores: "The current node timed
+out during startup"); it is shut down and started once more. A cluster's address is tried once."""
 INLINE_BYTES = 8 << 20
 """Largest object (bytes) a local Ray passes inside the call itself, not through its shared-memory
 object store (Ray's default is 100 KiB). A round's arguments and replies (a worker's share of the
@@ -63,11 +67,17 @@ def connect(*, address: str = "", num_cpus: int = 0) -> ModuleType:
     if not address:
         options["num_cpus"] = num_cpus or None
         options["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES, **QUIET}
-    try:
-        with warnings.catch_warnings():  # Ray's own multi-line warnings: the one line below says it
-            warnings.simplefilter("ignore")
-            ray.init(**options)
-    except Exception as error:  # Ray raises many kinds (ConnectionError, RuntimeError, ...)
-        detail = " ".join(str(error).split())[:300] or type(error).__name__
-        raise BackendError(f"could not start or join {where}: {type(error).__name__}: {detail}") from None
-    return ray
+    attempts = LOCAL_START_ATTEMPTS if not address else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            with warnings.catch_warnings():  # Ray's own multi-line warnings: the one line below says it
+                warnings.simplefilter("ignore")
+                ray.init(**options)
+            return ray
+        except Exception as error:  # Ray raises many kinds (ConnectionError, RuntimeError, ...)
+            if attempt < attempts:  # a local node that missed its start-up wait: start it again
+                ray.shutdown()
+                continue
+            detail = " ".join(str(error).split())[:300] or type(error).__name__
+            raise BackendError(f"could not start or join {where}: {type(error).__name__}: {detail}") from None
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -86,3 +86,37 @@ def test_ray_failing_to_start_is_one_line_and_exit_1(tmp_path, monkeypatch, caps
     assert err == ["fedsec: run failed: could not start or join the Ray cluster at 'auto': "
                    "ConnectionError: Could not find any running Ray instance. Please start one."]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_local_ray_that_misses_its_start_up_is_started_once_more(monkeypatch, failures):
+    """A local node that timed out registering (a loaded machine) is shut down and started again,
+    once; a second failure is the one-line error. A cluster's address is never retried."""
+    import ray
+
+    from fedsec.backends import BackendError, connect
+    from fedsec.backends.session import LOCAL_START_ATTEMPTS
+
+    calls: list[dict] = []
+    shutdowns: list[int] = []
+
+    def start(**options):
+        calls.append(options)
+        if len(calls) <= failures:
+            raise Exception("The current node timed out during startup. This could happen because some of "
+                            "the raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", start)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    if failures < LOCAL_START_ATTEMPTS:
+        assert connect() is ray
+    else:
+        with pytest.raises(BackendError, match="could not start or join a local Ray: Exception: The current"):
+            connect()
+    assert len(calls) == min(failures + 1, LOCAL_START_ATTEMPTS) and len(shutdowns) == min(failures, 1)
+    assert all(c["address"] == "local" for c in calls)
+    calls.clear()
+    with pytest.raises(BackendError):
+        connect(address="auto")  # a cluster: tried once
+    assert len(calls) == 1
