@@ -67,17 +67,17 @@ def connect(*, address: str = "", num_cpus: int = 0) -> ModuleType:
     if not address:
         options["num_cpus"] = num_cpus or None
         options["_system_config"] = {"max_direct_call_object_size": INLINE_BYTES, **QUIET}
-    attempts = LOCAL_START_ATTEMPTS if not address else 1
-    for attempt in range(1, attempts + 1):
+    attempts_left = LOCAL_START_ATTEMPTS if not address else 1
+    while True:
+        attempts_left -= 1
         try:
             with warnings.catch_warnings():  # Ray's own multi-line warnings: the one line below says it
                 warnings.simplefilter("ignore")
                 ray.init(**options)
             return ray
         except Exception as error:  # Ray raises many kinds (ConnectionError, RuntimeError, ...)
-            if attempt < attempts:  # a local node that missed its start-up wait: start it again
+            if attempts_left > 0:  # a local node that missed its start-up wait: start it again
                 ray.shutdown()
                 continue
             detail = " ".join(str(error).split())[:300] or type(error).__name__
             raise BackendError(f"could not start or join {where}: {type(error).__name__}: {detail}") from None
-    raise AssertionError("unreachable")  # the loop returns or raises

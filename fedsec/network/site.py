@@ -426,8 +426,8 @@ class SiteJobs:
         work, setup = self.site.work, layer.setup
 
         def supply() -> tuple[Any, int]:  # a late input: of the layer's purpose and length only
-            kind = "evaluation" if setup.get("purpose") == "statistics" else "update"
-            return work.contribution(setup.get("purpose"), setup.get("round"), kind=kind, length=layer.length)
+            return work.contribution(setup.get("purpose"), setup.get("round"),
+                                     kind=LATE_KIND[setup["purpose"]], length=layer.length)
 
         try:
             out = layer.handle(stage, body, supply=supply) or b""
@@ -448,9 +448,8 @@ class SiteJobs:
         pending = work.pending
         named = pending is not None and pending.purpose == purpose and pending.round == round_index
         if not named and purpose in self.PURPOSES and self.site_layer.INPUT_STAGE is not None:
-            kind = "evaluation" if purpose == "statistics" else "update"
             refused = self.state.late_setup(self.sha, round_index, max_rounds=self.context.config.rounds,
-                                            kind=kind)
+                                            kind=LATE_KIND[purpose])
             if refused is not None:  # before any key is drawn or session row written (review 8b)
                 raise ClientAbort(refused)
             length = work.evaluation_length if purpose == "statistics" else work.length
@@ -496,6 +495,8 @@ class SiteJobs:
         raise envelope.MalformedEnvelope(f"unknown job kind {kind!r}")
 
 
+LATE_KIND = {"statistics": "evaluation", "update": "update"}
+"""The contribution a layer of each purpose takes when it is set up before its input."""
 REASON_CHARS = 200
 """A refusal's reason is cut to this many characters in the answer and the site's audit event (a
 reason may quote a value the coordinator sent)."""

@@ -76,6 +76,44 @@ class Federation(resume_harness.Federation):
         self.sites = {s.name: RealSite(self.d, k) for k, s in enumerate(self.d.sites)}  # type: ignore[misc]
 
 
+class Recorded(resume_harness.Federation):
+    """Four unmodified sites (:class:`RealSite`) under the plan's ``extra``, and each (round,
+    site)'s training generator state as its train job carried it (:attr:`training`), whether the
+    job came alone or bundled with a stage."""
+
+    def __init__(self, root: Path, *, extra: str) -> None:
+        super().__init__(root, rounds=ROUNDS, extra=extra)
+        for site in self.sites.values():
+            site.close()
+        self.sites = {s.name: RealSite(self.d, k) for k, s in enumerate(self.d.sites)}  # type: ignore[misc]
+        self.training: dict[tuple[int, str], Any] = {}
+        for site in self.sites.values():
+            honest = site.answer
+
+            def spy(payload: bytes, honest: Any = honest, name: str = site.name) -> bytes:
+                header, _ = envelope.decode(payload)
+                first = header.get("first") if isinstance(header.get("first"), dict) else header
+                if first.get("kind") == "train":
+                    self.training[(first["round"], name)] = first["rng"]
+                return honest(payload)
+
+            site.answer = spy  # type: ignore[method-assign]
+
+
+def crashed_and_resumed(federation: resume_harness.Federation,
+                        point: tuple[int, int, bool]) -> list[dict[str, str]]:
+    """Crash ``federation``'s coordinator at ``point``, resume it to the end (the sites checked
+    after each), and return the run's history (the plan's rounds, in order)."""
+    assert federation.coordinator(crash=point) is None
+    _check_sites(federation)
+    summary = federation.coordinator(resume=True)
+    assert summary is not None and summary["rounds_run"] == ROUNDS
+    _check_sites(federation)
+    history = _history(federation.out / "history.csv")
+    assert [int(r["round"]) for r in history] == list(range(1, ROUNDS + 1))
+    return history
+
+
 def _history(path: Path) -> list[dict[str, str]]:
     return [{k: row[k] for k in COLUMNS} for row in csv.DictReader(open(path))]
 
@@ -117,12 +155,7 @@ def test_a_crash_after_the_evaluation_was_opened_ahead_and_before_any_job_loses_
     _, theirs, _, generators = reference
     federation = Federation(tmp_path / "d")
     try:
-        assert federation.coordinator(crash=(2, 1, False)) is None
-        _check_sites(federation)
-        summary = federation.coordinator(resume=True)
-        assert summary is not None and summary["rounds_run"] == ROUNDS
-        _check_sites(federation)
-        mine = _history(federation.out / "history.csv")
+        mine = crashed_and_resumed(federation, (2, 1, False))
         for a, b in zip(mine, theirs, strict=True):
             for key in COLUMNS:
                 if key.startswith("epsilon"):
@@ -138,13 +171,7 @@ def test_a_crash_after_the_evaluation_was_opened_ahead_and_before_any_job_loses_
 def test_a_crash_between_calls_2_and_6_loses_only_that_round(point, tmp_path):
     federation = Federation(tmp_path / "d")
     try:
-        assert federation.coordinator(crash=point) is None
-        _check_sites(federation)
-        summary = federation.coordinator(resume=True)
-        assert summary is not None and summary["rounds_run"] == ROUNDS
-        _check_sites(federation)
-        history = _history(federation.out / "history.csv")
-        assert [int(r["round"]) for r in history] == list(range(1, ROUNDS + 1))
+        history = crashed_and_resumed(federation, point)
         for row in history:
             if int(row["round"]) == 2:
                 assert row["status"].startswith("aborted") and row["participants"] == "0", row

@@ -40,9 +40,11 @@ from tests.review.test_resume_cut_opened_ahead import (
     ROUNDS,
     Federation,
     RealSite,
+    Recorded,
     _check_sites,
     _generators,
     _history,
+    crashed_and_resumed,
 )
 
 pytestmark = pytest.mark.slow
@@ -69,13 +71,7 @@ def test_a_crash_at_any_call_of_a_keys_ahead_round_loses_at_most_that_round(poin
     lost = None if point[1:] == (1, False) else point[0]
     federation = Federation(tmp_path / "d")
     try:
-        assert federation.coordinator(crash=point) is None
-        _check_sites(federation)
-        summary = federation.coordinator(resume=True)
-        assert summary is not None and summary["rounds_run"] == ROUNDS
-        _check_sites(federation)
-        history = _history(federation.out / "history.csv")
-        assert [int(r["round"]) for r in history] == list(range(1, ROUNDS + 1))
+        history = crashed_and_resumed(federation, point)
         if lost is None:
             for a, b in zip(history, reference, strict=True):
                 for key in COLUMNS:
@@ -237,14 +233,6 @@ def test_garbage_in_the_keys_ahead_only_costs_the_shortcut(uninterrupted, tmp_pa
         federation.close()
 
 
-# the finding's text, as the review wrote it (fixed)
-R10_3 = ("R10-3 (MEDIUM, accountability): a site removed by the protocol from an update aggregation opened "
-         "ahead (garbage in its key stages) is recorded nowhere in the coordinator's audit log: the round "
-         "does not take that aggregation and opening its own resets the layer's dropped/misbehaved lists, "
-         "so a site can silently turn every round back to 8 exchanges (docs/deployment.md: a garbage site "
-         "is recorded, dropout / misbehaved)")
-
-
 def test_r10_3_a_site_removed_from_an_aggregation_opened_ahead_is_in_the_audit_log(tmp_path):
     from fedsec.audit.log import read_events
 
@@ -261,28 +249,10 @@ def test_r10_3_a_site_removed_from_an_aggregation_opened_ahead_is_in_the_audit_l
         federation.close()
 
 
-class _Sampled(resume_harness.Federation):
-    """Four unmodified sites (``RealSite``), no DP noise, a quarter of them left out of each round
-    (``train.fraction = 0.75``: 3 of 4 sampled); each (round, site)'s training generator state as its
-    train job carried it."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root, rounds=3, extra='[dp]\nmode = "none"\n[train]\nfraction = 0.75\n')
-        for site in self.sites.values():
-            site.close()
-        self.sites = {s.name: RealSite(self.d, k) for k, s in enumerate(self.d.sites)}  # type: ignore[misc]
-        self.training: dict[tuple[int, str], Any] = {}
-        for site in self.sites.values():
-            honest = site.answer
-
-            def spy(payload: bytes, honest: Any = honest, name: str = site.name) -> bytes:
-                header, _ = envelope.decode(payload)
-                first = header.get("first") if isinstance(header.get("first"), dict) else header
-                if first.get("kind") == "train":
-                    self.training[(first["round"], name)] = first["rng"]
-                return honest(payload)
-
-            site.answer = spy  # type: ignore[method-assign]
+def _sampled(root) -> Recorded:
+    """No DP noise, a quarter of the sites left out of each round (``train.fraction = 0.75``: 3 of 4
+    sampled), each train job's generator state recorded."""
+    return Recorded(root, extra='[dp]\nmode = "none"\n[train]\nfraction = 0.75\n')
 
 
 def _rows(path: Any) -> list[dict[str, str]]:
@@ -295,7 +265,7 @@ def test_with_a_sample_of_the_sites_the_keys_ahead_keep_the_draws_of_a_run_witho
     statuses, participants and both generators equal a run with ``open_ahead`` disabled."""
     from fedsec.network.remote import RemoteRound
 
-    ahead = _Sampled(tmp_path / "ahead")
+    ahead = _sampled(tmp_path / "ahead")
     try:
         assert ahead.coordinator() is not None
         log, history = list(ahead.log), _rows(ahead.out / "history.csv")
@@ -303,7 +273,7 @@ def test_with_a_sample_of_the_sites_the_keys_ahead_keep_the_draws_of_a_run_witho
     finally:
         ahead.close()
     monkeypatch.setattr(RemoteRound, "open_ahead", lambda self, round_index: None)
-    plain = _Sampled(tmp_path / "plain")
+    plain = _sampled(tmp_path / "plain")
     try:
         assert plain.coordinator() is not None
         assert [s for s, r in log if r in (2, 3)][0] == "train+layer/masked input"

@@ -289,15 +289,6 @@ def test_a_named_model_refused_records_charges_and_leaves_nothing(deployment, tm
 # --- findings --------------------------------------------------------------------------------------
 
 
-# the findings' texts, as the review wrote them (both fixed)
-R10_1 = ("R10-1 (LOW): a train job refused as MalformedEnvelope for its generator state is recorded in "
-         "site.db (contributions, trainings) though nothing was trained: it takes one of the round's "
-         "MAX_TRAININGS and the site's ledger charges it when the site restarts")
-R10_2 = ("R10-2 (LOW): a setup whose round is a JSON string longer than the audit row's limit makes "
-         "SiteJobs.run raise ValueError from its refusal handler (the site process exits 2) "
-         "instead of refusing")
-
-
 def test_r10_1_a_train_job_with_a_malformed_generator_state_is_refused_before_it_is_recorded(
         deployment, tmp_path):
     party = Party(deployment, 0, tmp_path / "s")

@@ -42,13 +42,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedsec.network import demo
-from fedsec.network.envelope import decode
 from fedsec.network.layers.masking import MaskedSession
 from fedsec.network.remote import RemoteRound
 from fedsec.network.site_state import MAX_LATE_SETUPS
 from tests.fedsec.network.test_bundled_jobs import Party, evaluate_job, train_job
 from tests.fedsec.network.test_model_by_digest import _history
-from tests.fedsec.network.test_two_sessions import KNOWN, layer
+from tests.fedsec.network.test_two_sessions import KNOWN, answered, layer
 
 N = 3
 EVALUATED, NEXT = 1, 2
@@ -106,20 +105,7 @@ class Ring:
         return header, body
 
     def answer(self, c: int, header: dict[str, Any], body: bytes) -> dict[str, bytes]:
-        answer, out = self.parties[c].send(header, body)
-        second = answer.get("also")
-        size = second["size"] if second else 0
-        replies: dict[str, bytes] = {}
-        if answer["ok"] is True:
-            replies[header["purpose"]] = out[:len(out) - size]
-        else:
-            self.refusals.append(answer["reason"])
-        if second:
-            if second["ok"] is True:
-                replies[header["also"]["purpose"]] = out[len(out) - size:]
-            else:
-                self.refusals.append(second["reason"])
-        return replies
+        return answered(self.parties[c], header, body, self.refusals)
 
     def train(self, c: int) -> None:
         """Site c's round-2 training alone (its update is read before anything consumes it)."""
@@ -364,37 +350,19 @@ def test_a_federation_with_keys_ahead_runs_as_one_without(tmp_path, monkeypatch)
     the rounds' statuses and participants are that run's. (The sums themselves differ in their last
     bits between any two runs here: without ``dp.reproducible``, which needs DP-SGD and then trains
     site by site without keys ahead, each site draws its own rounding randomness.)"""
-    from tests.fedsec.network import resume_harness
-    from tests.review.test_resume_cut_opened_ahead import AHEAD, CUT, RealSite, _generators
+    from tests.review.test_resume_cut_opened_ahead import AHEAD, CUT, Recorded, _generators
 
-    class Plain(resume_harness.Federation):
-        def __init__(self, root: Path) -> None:
-            super().__init__(root, rounds=3, extra='[dp]\nmode = "none"\n')
-            for site in self.sites.values():
-                site.close()
-            self.sites = {s.name: RealSite(self.d, k) for k, s in enumerate(self.d.sites)}  # type: ignore[misc]
-            self.training: dict[tuple[int, str], Any] = {}
-            """Each (round, site)'s training generator state, as its train job carried it."""
-            for site in self.sites.values():
-                answer = site.answer
+    def federation(root: Path) -> Recorded:
+        return Recorded(root, extra='[dp]\nmode = "none"\n')
 
-                def spy(payload: bytes, answer: Any = answer, name: str = site.name) -> bytes:
-                    header, _ = decode(payload)
-                    first = header.get("first") if isinstance(header.get("first"), dict) else header
-                    if first.get("kind") == "train":
-                        self.training[(first["round"], name)] = first["rng"]
-                    return answer(payload)
-
-                site.answer = spy  # type: ignore[method-assign]
-
-    ahead = Plain(tmp_path / "ahead")
+    ahead = federation(tmp_path / "ahead")
     try:
         summary, log = ahead.coordinator(), list(ahead.log)
         history, generators = _history(ahead.out / "history.csv"), _generators(ahead)
     finally:
         ahead.close()
     monkeypatch.setattr(RemoteRound, "open_ahead", lambda self, round_index: None)
-    plain = Plain(tmp_path / "plain")
+    plain = federation(tmp_path / "plain")
     try:
         reference, plain_log = plain.coordinator(), list(plain.log)
         assert summary is not None and reference is not None

@@ -70,6 +70,25 @@ def layer(d: demo.Deployment, config: Any, seed: int) -> MaskingCoordinator:
     return MaskingCoordinator(context)
 
 
+def answered(party: Party, header: dict[str, Any], body: bytes, refusals: list[str]) -> dict[str, bytes]:
+    """Send one ``layer`` job to ``party``: ``{purpose: reply}`` of the parts (the job's own, its
+    ``also``) it answered; each refused part's reason is appended to ``refusals``."""
+    answer, out = party.send(header, body)
+    replies: dict[str, bytes] = {}
+    second = answer.get("also")
+    size = second["size"] if second else 0
+    if answer["ok"] is True:
+        replies[header["purpose"]] = out[:len(out) - size]
+    else:
+        refusals.append(answer["reason"])
+    if second:
+        if second["ok"] is True:
+            replies[header["also"]["purpose"]] = out[len(out) - size:]
+        else:
+            refusals.append(second["reason"])
+    return replies
+
+
 class Ring:
     """N honest sites, trained for round 1 (unbundled, so each update is known), and the two
     sessions of round 1 opened by the project's coordinator layers."""
@@ -126,20 +145,7 @@ class Ring:
 
     def answer(self, c: int, header: dict[str, Any], body: bytes) -> dict[str, bytes]:
         """Send one job to site ``c``: ``{purpose: reply}`` of the parts it answered."""
-        answer, out = self.parties[c].send(header, body)
-        replies: dict[str, bytes] = {}
-        second = answer.get("also")
-        size = second["size"] if second else 0
-        main = out[:len(out) - size]
-        if answer["ok"] is True:
-            replies[header["purpose"]] = main
-        else:
-            self.refusals.append(answer["reason"])
-        if second:
-            if second["ok"] is True:
-                replies[header["also"]["purpose"]] = out[len(out) - size:]
-            else:
-                self.refusals.append(second["reason"])
+        replies = answered(self.parties[c], header, body, self.refusals)
         for purpose, reply in replies.items():
             if reply:
                 self.check(purpose, reply)
