@@ -33,7 +33,7 @@ def _label(kind: Any, header: dict[str, Any]) -> str:
         label = f"{first.get('kind')}+{label}"
     second = header.get("also")
     if isinstance(second, dict):
-        label = f"{label}+{second.get('stage')}"
+        label = f"{label}+{'train+' if 'train' in second else ''}{second.get('stage')}"
     return label
 
 
@@ -53,17 +53,19 @@ def install(records: list[dict[str, Any]]) -> None:
         return ok
 
     def timed_exchange(self: coordinator.Hub, kind: str, round_index: int | None, jobs: Any, deadline: float,
-                       *, first: Any = None, also: Any = None) -> Any:
+                       *, first: Any = None, also: Any = None, also_train: Any = None) -> Any:
         headers = [h for h, _ in jobs.values()]
         label = _label(kind, headers[0] if headers else {})
         if first is not None:
             label = f"{first.kind}+{label}"
         if also:
-            label = f"{label}+{_label('layer', next(iter(also.values()))[0])}"
+            label = f"{label}+{'train+' if also_train is not None else ''}" \
+                    f"{_label('layer', next(iter(also.values()))[0])}"
         start_id = self.mailboxes.next_id()
         posted = time.time()
         try:
-            return exchange(self, kind, round_index, jobs, deadline, first=first, also=also)
+            return exchange(self, kind, round_index, jobs, deadline, first=first, also=also,
+                            also_train=also_train)
         finally:
             returned = time.time()
             with lock:

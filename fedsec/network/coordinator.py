@@ -65,6 +65,9 @@ class Bundle:
     jobs: Mapping[str, tuple[dict[str, Any], bytes]]
     done: Callable[[dict[str, tuple[dict[str, Any], bytes]], dict[str, str]], None]
     sent: bool = False
+    round_index: int | None = None
+    """The round its jobs are of (None: the exchange's). A ``train`` bundle that travels with the
+    second stage message (:meth:`Hub.exchange`'s ``also_train``) is of the next round."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,13 @@ class Hub:
         set by :class:`~fedsec.network.remote.RemoteRound` for an update's round)."""
         self.also_answers: dict[str, bytes] = {}
         """The replies of the second stage messages of the last :meth:`exchange` (``also``)."""
+        self.also_reports: dict[str, dict[str, Any]] = {}
+        self.also_refusals: dict[str, str] = {}
+        """The reports (the fields of a training carried with it) and the refusals' reasons of the
+        second stage messages of the last :meth:`exchange`."""
+        self.rider_training: Callable[[], Bundle | None] | None = None
+        """Set with :attr:`rider` by the evaluation's round: called when the rider is at its input
+        stage for the next round's ``train`` jobs to carry with it (None: the rider waits)."""
         self._joined = threading.Condition()
         self.transport = _RecordingServer(trust=trust, cert_pem=cert_pem, key_pem=key_pem,
                                           handler=self.handle, roster=frozenset(self.names), roles=("site",),
@@ -352,8 +362,8 @@ class Hub:
 
     def exchange(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
                  deadline: float, *, first: Bundle | None = None,
-                 also: Mapping[str, tuple[dict[str, Any], bytes]] | None = None
-                 ) -> dict[str, tuple[dict[str, Any], bytes]]:
+                 also: Mapping[str, tuple[dict[str, Any], bytes]] | None = None,
+                 also_train: Bundle | None = None) -> dict[str, tuple[dict[str, Any], bytes]]:
         """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded).
         With ``first`` (a ``layer`` exchange), each of its sites gets its first job bundled with
@@ -361,8 +371,13 @@ class Hub:
         ``{site: ({purpose, stage}, message)}``, another aggregation's stage), each of its sites
         gets that message in the same call, as its job's second part, or as a ``layer`` job of its
         own when ``jobs`` has none for it (see :class:`~fedsec.network.site.SiteJobs`); the replies
-        that came back ok are in :attr:`also_answers`, the others are recorded dropouts."""
-        also = also or {}
+        that came back ok are in :attr:`also_answers`, the others are recorded dropouts. With
+        ``also_train`` (a ``train`` bundle of its own round), each of its sites gets its job before
+        its ``also`` message, in the same part (the next round's training, speculated: see
+        :class:`~fedsec.network.site.SiteJobs`); ``done`` is then called with the parts that came
+        back ok (their reports: the training's fields) and the refusals of the others."""
+        also = dict(also or {})
+        trained_with = also_train.jobs if also_train is not None else {}
         ready = {name for name in set(jobs) | set(also) if name in self.sites and name not in self.absent}
         joins = dict(self.joins)
         posted, alone = {}, set()
@@ -371,7 +386,17 @@ class Hub:
                 continue
             if name not in jobs:  # only the other aggregation's stage: a layer job of its own
                 alone.add(name)
-                posted[name] = self.job(kind, round_index, *also[name])
+                second_header, second = also[name]
+                if name in trained_with:  # its training first, as a bundled first job of its round
+                    assert also_train is not None
+                    train_header, train_body = trained_with[name]
+                    train_round = also_train.round_index
+                    posted[name] = self.job(kind, train_round, {
+                        **second_header, "first": {"kind": also_train.kind, "round": train_round,
+                                                   **train_header},
+                        "first_size": len(train_body)}, train_body + second)
+                else:
+                    posted[name] = self.job(kind, round_index, second_header, second)
                 continue
             header, body = jobs[name]
             if first is not None and name in first.jobs:
@@ -381,16 +406,25 @@ class Hub:
                 body = first_body + body
             if name in also:
                 second_header, second = also[name]
+                if name in trained_with:
+                    assert also_train is not None
+                    train_header, train_body = trained_with[name]
+                    second_header = {**second_header, "train": {"kind": also_train.kind,
+                                                                "round": also_train.round_index,
+                                                                **train_header},
+                                     "train_size": len(train_body)}
+                    second = train_body + second
                 header = {**header, "also": {**second_header, "size": len(second)}}
                 body = body + second
             posted[name] = self.job(kind, round_index, header, body)
         stage = kind if first is None else f"{first.kind}+{kind}"
         answers = self.mailboxes.exchange(posted, deadline)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
-        self.refusals, self.also_answers = {}, {}
+        self.refusals, self.also_answers, self.also_reports, self.also_refusals = {}, {}, {}, {}
         for name in also:
-            if name in answers and name not in alone:
-                self._second(name, answers, round_index, also[name][0])
+            if name in answers and name not in alone:  # a speculated training's part: of its round
+                self._second(name, answers, also_train.round_index if also_train is not None
+                             and name in trained_with else round_index, also[name][0])
         for name in (*jobs, *sorted(alone)):
             if name not in answers:
                 reason = "no answer before the deadline" if name in posted else "not connected"
@@ -407,18 +441,25 @@ class Hub:
                 reason = str(header.get("reason", "refused"))[:200]
                 if name not in alone:
                     self.refusals[name] = reason
+                else:
+                    self.also_refusals[name] = reason
                 self.audit.event("dropout", round=round_index, stage=stage if name not in alone else
                                  f"{kind}/{also[name][0].get('purpose')}",
                                  details={"site": name, "reason": reason})
                 continue
             if name in alone:
-                self.also_answers[name] = body
+                self.also_answers[name], self.also_reports[name] = body, header
             else:
                 good[name] = (header, body)
         if first is not None:
             first.sent = True
             first.done({name: answer for name, answer in good.items() if name in first.jobs},
                        dict(self.refusals))
+        if also_train is not None:
+            also_train.sent = True
+            also_train.done({name: (self.also_reports[name], b"") for name in self.also_answers
+                             if name in trained_with},
+                            {name: why for name, why in self.also_refusals.items() if name in trained_with})
         return good
 
     def _second(self, name: str, answers: dict[str, bytes], round_index: int | None,
@@ -437,10 +478,12 @@ class Hub:
                              details={"site": name, "reason": "malformed answer"})
             return
         if report.get("ok") is not True:
+            reason = str(report.get("reason", "refused"))[:200]
+            self.also_refusals[name] = reason
             self.audit.event("dropout", round=round_index, stage=stage,
-                             details={"site": name, "reason": str(report.get("reason", "refused"))[:200]})
+                             details={"site": name, "reason": reason})
         else:
-            self.also_answers[name] = body[len(body) - size:]
+            self.also_answers[name], self.also_reports[name] = body[len(body) - size:], report
         answers[name] = envelope.encode(header, body[:len(body) - size])
 
     def finish(self, summary: dict[str, Any]) -> None:

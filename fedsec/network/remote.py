@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,14 @@ class _Ahead:
     joins: dict[str, int]
     """How many times each site had accepted the plan when it was opened (a site that accepts again
     restarted, and lost its layers: the round then opens its own aggregation)."""
+    states: dict[int, dict[str, Any]]
+    """Each sampled client's training generator state, as the server loop will record it
+    (:meth:`RemoteStrategy.client_update`) from the round's training seeds."""
+    model: str | None = None
+    """The SHA-256 of the model its ``train`` jobs were sent with, once they were (speculated
+    during the round before's evaluation, :meth:`RemoteRound.train_ahead`); None before."""
+    replayed: set[int] = field(default_factory=set)
+    """Sites that refused that training as ``rounds.replayed``."""
 
 
 class RemoteRound(AggregationProtocol):
@@ -130,6 +138,9 @@ class RemoteRound(AggregationProtocol):
         calls carry the key stages of the next round's update aggregation (:meth:`open_ahead`)."""
         self.ahead: _Ahead | None = None
         """The next round's update aggregation, opened during this round's evaluation."""
+        self.released: tuple[bytes, str] | None = None
+        """The model the evaluation in flight is of (its body and SHA-256; set by
+        :class:`RemoteEvaluator`): the model the next round trains from."""
 
     @property
     def max_weight(self) -> int:
@@ -197,7 +208,7 @@ class RemoteRound(AggregationProtocol):
             return None
         draws = copy.deepcopy(self.layer.context.rng)
         n = len(self.hub.names)
-        selected, _ = draw_round(draws, n, clients_per_round(config.train.fraction, n))
+        selected, seeds = draw_round(draws, n, clients_per_round(config.train.fraction, n))
         before = draws.bit_generator.state
         ids = [int(c) for c in selected]
         zeros = np.zeros(self.strategy.vector.size, dtype=np.float32)
@@ -206,11 +217,45 @@ class RemoteRound(AggregationProtocol):
                              rng=draws)
         except ProtocolAbort:  # refused before any draw: the round opens its own
             return None
+        # the clients' training generators as the server loop's runner seeds them (fl_core.execution)
+        states = {c: np.random.default_rng(int(s)).bit_generator.state
+                  for c, s in zip(ids, seeds, strict=True)}
         self.ahead = _Ahead(round_index, ids, session, before, draws.bit_generator.state,
-                            dict(self.hub.joins))
+                            dict(self.hub.joins), states)
         return session
 
-    def _take_ahead(self, round_index: int, ids: list[int]) -> Any:
+    def train_ahead(self) -> Bundle | None:
+        """The ``train`` jobs of the round opened ahead, to travel with its masked input in the
+        last call of the round before's evaluation (the evaluation's unmask): the training is
+        speculated, the sum is not. Its consistency check and unmask, which release it, run only
+        when the server loop has recorded the round before and begins this round
+        (:meth:`_take_ahead`), so a stop (a target accuracy reached, the last round) still comes
+        before any release: a round of 5 exchanges instead of 6. None, and the jobs go with the
+        round as before, where it cannot be: not a plan without DP (a training the run does not
+        take would have charged the sites' ledgers), no aggregation opened ahead or not at its
+        masked input, key stages that did not complete with every sampled site or a site that
+        accepted the plan again since, or no model being evaluated."""
+        ahead = self.ahead
+        if (ahead is None or self.layer.context.config.dp.mode != "none" or self.released is None
+                or ahead.model is not None):
+            return None
+        session, names = ahead.session, self.hub.names
+        if (session.done or session.stage != "masked input" or set(session.server.members) != set(ahead.ids)
+                or any(self.hub.joins.get(names[c]) != ahead.joins.get(names[c]) for c in ahead.ids)):
+            return None
+        body, digest = self.released
+        ahead.model = digest
+        jobs = self._jobs_for(ahead.ids, body, digest, ahead.states)
+        round_index, ids = ahead.round_index, ahead.ids
+
+        def done(answers: dict[str, tuple[dict[str, Any], bytes]], refusals: dict[str, str]) -> None:
+            ahead.replayed |= {c for c in ids if refusals.get(names[c]) == "rounds.replayed"}
+            self._ack(round_index, answers)
+            self._charge(round_index, {c for c in ids if names[c] in answers}, ahead.replayed)
+
+        return Bundle("train", {names[c]: jobs[c] for c in ids}, done, round_index=round_index)
+
+    def _take_ahead(self, round_index: int, ids: list[int]) -> tuple[Any, bool]:
         """The update aggregation opened ahead for this round, if it is the one the round's own
         draws call for (same clients, the run generator where the copy was) and its key stages
         completed with every one of them, none of which accepted the plan again since (a restarted
@@ -219,17 +264,36 @@ class RemoteRound(AggregationProtocol):
         it up replaces it at the new setup)."""
         ahead, self.ahead = self.ahead, None
         if ahead is None:
-            return None
+            return None, False
         rng, session = self.layer.context.rng, ahead.session
         names, joins = self.hub.names, self.hub.joins
-        if (ahead.round_index != round_index or ahead.ids != ids or rng.bit_generator.state != ahead.before
-                or session.done or session.stage != "masked input"
+        same = (ahead.round_index == round_index and ahead.ids == ids
+                and rng.bit_generator.state == ahead.before)
+        if ahead.model is not None:
+            # its training went out with its masked input (train_ahead): it is this round's sum only
+            # if the loop trains the same clients, from the same generators and the same model; then
+            # it is driven even if it failed (a round's update is in one session: a site that sent
+            # its masked input would refuse another, so the round ends there, as any round whose
+            # masked input failed)
+            assert self.strategy.vector is not None
+            if (same and all(self.strategy.pending.get(c) == ahead.states[c] for c in ids)
+                    and hashlib.sha256(vector_bytes(self.strategy.vector)).hexdigest() == ahead.model):
+                rng.bit_generator.state = ahead.after
+                self.replayed = set(ahead.replayed)
+                return session, True
+            self._record_ahead(ahead)
+            self.hub.audit.event("abort", round=ahead.round_index,
+                                 stage=f"{self.layer.name}/update (trained ahead)",
+                                 details={"reason": "the server loop's round is not the one trained "
+                                                    "ahead: its sites' updates of this round are spent"})
+            return None, False
+        if (not same or session.done or session.stage != "masked input"
                 or set(session.server.members) != set(ids)
                 or any(joins.get(names[c]) != ahead.joins.get(names[c]) for c in ids)):
             self._record_ahead(ahead)
-            return None
+            return None, False
         rng.bit_generator.state = ahead.after
-        return session
+        return session, False
 
     def _record_ahead(self, ahead: _Ahead) -> None:
         """An aggregation opened ahead and never driven: the sites its key stages lost, and those
@@ -258,8 +322,10 @@ class RemoteRound(AggregationProtocol):
         rider = None
         if purpose == "statistics" and opened is not None and self.update is not None:
             # this round's evaluation (opened in the update's calls): the next round's update
-            # aggregation agrees its keys in these calls
+            # aggregation agrees its keys in these calls, and its training goes with its masked
+            # input in the last of them where it can (train_ahead)
             rider = self.update.open_ahead(round_index + 1)
+            self.hub.rider_training = self.update.train_ahead if rider is not None else None
         if purpose == "update":
             ids = [int(u.client_id) for u in updates]
             self.replayed = set()
@@ -271,9 +337,10 @@ class RemoteRound(AggregationProtocol):
                 if not updates:
                     raise ProtocolAbort("no site trained before the deadline")
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
-                bundle = self._training_bundle(round_index, ids)
-                # opened during the last evaluation, its keys agreed: the jobs travel with its masked input
-                opened = self._take_ahead(round_index, ids)
+                # opened during the last evaluation, its keys agreed: the jobs travel with its masked
+                # input, or went with it already (its training speculated during that evaluation)
+                opened, trained = self._take_ahead(round_index, ids)
+                bundle = None if trained else self._training_bundle(round_index, ids)
                 if self.evaluation is not None and hasattr(self.layer, "open"):
                     # the evaluation's stages that need no sums ride in this aggregation's first
                     # calls (not under reproducible DP-SGD, whose sites train one by one first: a
@@ -294,7 +361,7 @@ class RemoteRound(AggregationProtocol):
             self.hub.audit.event("abort", round=round_index, stage=purpose, details={"reason": str(abort)})
             raise
         finally:
-            self.hub.rider = None
+            self.hub.rider, self.hub.rider_training = None, None
             if bundle is not None:
                 self.hub.bundle = None
                 if not bundle.sent:  # the layer ended before its first stage: no site got the jobs
@@ -303,24 +370,29 @@ class RemoteRound(AggregationProtocol):
                 self.layer.client_noise = None
             self._record(round_index, purpose)
 
-    def _charge(self, round_index: int, trained: set[int]) -> None:
+    def _charge(self, round_index: int, trained: set[int], replayed: set[int] | None = None) -> None:
         """The sites that trained (or refused as ``rounds.replayed``: a resumed coordinator's re-run
         of a round they already released) are charged in their ledgers; a replayed round in the run's."""
-        self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | self.replayed)])
-        if self.replayed and self.on_released is not None:  # charged even if the re-run aborts
+        replayed = self.replayed if replayed is None else replayed
+        self.on_trained(round_index, [self.hub.names[c] for c in sorted(trained | replayed)])
+        if replayed and self.on_released is not None:  # charged even if the re-run aborts
             self.on_released(round_index)
 
     def _train_jobs(self, round_index: int, ids: list[int]) -> dict[int, tuple[dict[str, Any], bytes]]:
-        """Each site's ``train`` job: the global model's body, or its SHA-256 alone for a site that
-        holds it (the model its last evaluation was of: the next round starts from it)."""
+        """Each site's ``train`` job from the server loop's global model and training generators."""
         assert self.strategy.vector is not None
         body = vector_bytes(self.strategy.vector)
-        digest = hashlib.sha256(body).hexdigest()
+        return self._jobs_for(ids, body, hashlib.sha256(body).hexdigest(), self.strategy.pending)
+
+    def _jobs_for(self, ids: list[int], body: bytes, digest: str,
+                  states: dict[int, dict[str, Any]]) -> dict[int, tuple[dict[str, Any], bytes]]:
+        """Each site's ``train`` job: its training generator's state and the model's body, or its
+        SHA-256 ``digest`` alone for a site that holds it (the model its last evaluation was of:
+        the next round starts from it)."""
         head = self.hub.audit.head()  # one read for all: every row before it is on disk
         jobs = {}
         for c in ids:
-            header = {"rng": self.strategy.pending[c], "head": head,
-                      "noise_multiplier": self.hub.noise_multiplier}
+            header = {"rng": states[c], "head": head, "noise_multiplier": self.hub.noise_multiplier}
             held = self.hub.holds_model(self.hub.names[c], digest)
             jobs[c] = ({**header, "model": digest}, b"") if held else (header, body)
         return jobs
@@ -405,6 +477,8 @@ class RemoteEvaluator(FederatedEvaluator):
         def done(answers: dict[str, Any], refusals: dict[str, str]) -> None:
             hub.evaluated(answers, digest)  # they hold the model: the next train job names it
 
+        if isinstance(protocol, RemoteRound) and protocol.update is not None:
+            protocol.update.released = (body, digest)  # the next round trains from it
         if isinstance(protocol, RemoteRound) and protocol.opened is not None:
             # opened by the update's round (its first stages rode in the update's calls): the
             # evaluate jobs travel with its next stage, the masked input, to the sites in it

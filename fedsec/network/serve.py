@@ -111,14 +111,20 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         # another aggregation's stages that need no contribution ride in the same calls (the
         # evaluation's first two, in the update's first two: docs/deployment.md)
-        rider = hub.rider if hub.rider is not None and hub.rider.before_input else None
+        rider, training = hub.rider, None
+        if rider is not None and not rider.before_input:
+            # at its input stage: it rides only with the next round's training (speculated during
+            # this evaluation, docs/deployment.md), else it waits for its own round
+            training = hub.rider_training() if hub.rider_training is not None else None
+            rider = rider if training is not None else None
         also = None
         if rider is not None:
             second, outgoing = rider.outgoing()
             also = {hub.names[c]: ({"purpose": rider.purpose, "stage": second}, m)
                     for c, m in outgoing.items()}
         jobs = {hub.names[c]: ({"stage": stage, "purpose": hub.purpose}, m) for c, m in messages.items()}
-        answers = hub.exchange("layer", hub.round, jobs, deadline, first=hub.take_bundle(), also=also)
+        answers = hub.exchange("layer", hub.round, jobs, deadline, first=hub.take_bundle(), also=also,
+                               also_train=training)
         if rider is not None:
             rider.take({hub.names.index(n): body for n, body in hub.also_answers.items()})
         return {hub.names.index(n): body for n, (_, body) in answers.items()}

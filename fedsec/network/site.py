@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedsec.config import ExperimentConfig, loads_config
 from fedsec.errors import ConfigError
@@ -314,7 +314,13 @@ class SiteJobs:
     (``header["also"] = {purpose, stage, size}``, the last ``size`` bytes of the body): the two
     parts are answered one after the other, each under its own layer's rules, and each succeeds
     or is refused on its own; the answer's ``also = {ok, size[, reason]}`` says how the second
-    went, and its reply is the last ``size`` bytes of the answer's body. A setup for statistics
+    went, and its reply is the last ``size`` bytes of the answer's body. The second part may carry
+    the next round's ``train`` job before an update layer's input stage (``also.train``, its body
+    the part's first ``also.train_size`` bytes: the training speculated during the round before's
+    evaluation, docs/deployment.md): the site runs it as a ``train`` job (same checks, records and
+    ledger) only when it holds an update layer of that round set up without its input and the
+    stage is that input stage, then the stage; a refusal of either refuses the second part alone,
+    and the report carries the training's fields (its ``head``). A setup for statistics
     that names no pending contribution sets a layer up without one (when the layer can take it
     late, :attr:`SiteLayer.INPUT_STAGE`): the contribution (an ``evaluate`` job's sums, which may
     travel bundled with that stage) is consumed in ``site.db`` at that stage, before the stage's
@@ -342,7 +348,7 @@ class SiteJobs:
         kind = header.get("kind")
         answer: dict[str, Any] = {"job": job, "ok": True}
         out = b""
-        also: tuple[str, str, bytes] | None = None
+        also: SecondPart | None = None
         purpose = header.get("purpose") if kind == "layer" else None
         try:
             if kind == "layer" and "also" in header:
@@ -366,28 +372,43 @@ class SiteJobs:
             answer, out = {"job": job, "ok": False, "reason": type(error).__name__}, b""
             self.site._event("job_failed", {"kind": kind, "error": type(error).__name__}, round_index)
         if also is not None:
-            report, extra = self._second(also, round_index)
+            report, extra = self._second(also, job, round_index)
             answer["also"] = report
             out += extra
         return answer, out
 
-    def _second(self, also: tuple[str, str, bytes], round_index: int | None) -> tuple[dict[str, Any], bytes]:
-        """The second stage message of a ``layer`` job, for the other purpose's layer: its report
-        (``{ok, size[, reason]}``) and its reply."""
-        purpose, stage, body = also
+    def _second(self, also: SecondPart, job: int, round_index: int | None) -> tuple[dict[str, Any], bytes]:
+        """The second stage message of a ``layer`` job, for the other purpose's layer, after its
+        ``train`` job when it carries one (the next round's training, see the class): its report
+        (``{ok, size[, reason]}``, with the training's fields) and its reply."""
+        fields: dict[str, Any] = {}
+        purpose = also.purpose
+        if also.train is not None:
+            round_index = also.train[0]["round"]  # the training's events are of its round
         try:
-            out = self.stage(purpose, stage, body)
+            if also.train is not None:
+                train, train_body = also.train
+                layer = self.layers.get(purpose)
+                if (purpose != "update" or layer is None or also.stage != layer.INPUT_STAGE
+                        or layer.vector is not None or train["round"] != layer.setup.get("round")):
+                    raise ClientAbort(TRAIN_NOT_FOR_LAYER)
+                fields = self.work("train", {**train, "job": job}, train_body, round_index)
+            out = self.stage(purpose, also.stage, also.message)
         except ClientAbort as abort:
             reason = _short(abort.reason)
             self._drop(purpose)
             self.site._event("abort", {"kind": "layer", "purpose": purpose, "reason": reason}, round_index)
             return {"ok": False, "reason": reason, "size": 0}, b""
+        except PolicyRefused as refusal:
+            self._drop(purpose)
+            self.site._event("job_refused", {"kind": "train", "rule": refusal.rule}, round_index)
+            return {"ok": False, "reason": refusal.rule, "size": 0}, b""
         except (ValueError, ArithmeticError, RuntimeError) as error:
             self._drop(purpose)
             self.site._event("job_failed", {"kind": "layer", "purpose": purpose,
                                             "error": type(error).__name__}, round_index)
             return {"ok": False, "reason": type(error).__name__, "size": 0}, b""
-        return {"ok": True, "size": len(out)}, out
+        return {**fields, "ok": True, "size": len(out)}, out
 
     def _drop(self, purpose: Any) -> None:
         """An abort: the layer the part was for is gone (every layer when the part named none)."""
@@ -497,6 +518,7 @@ class SiteJobs:
 
 LATE_KIND = {"statistics": "evaluation", "update": "update"}
 """The contribution a layer of each purpose takes when it is set up before its input."""
+TRAIN_NOT_FOR_LAYER = "a training carried with a stage message that is not its update's input stage"
 REASON_CHARS = 200
 """A refusal's reason is cut to this many characters in the answer and the site's audit event (a
 reason may quote a value the coordinator sent)."""
@@ -522,21 +544,45 @@ def bundled(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes,
     return first, body[:size], body[size:]
 
 
-def second_part(header: dict[str, Any], body: bytes) -> tuple[tuple[str, str, bytes], bytes]:
-    """``((purpose, stage, message), the rest of the body)`` of a ``layer`` job carrying a second
-    stage message (see :class:`SiteJobs`); ``MalformedEnvelope`` for an ``also`` that is not
+class SecondPart(NamedTuple):
+    """A ``layer`` job's second stage message (see :class:`SiteJobs`): the other purpose's layer,
+    its stage and message, and the ``train`` job it carries (its header and body), if any."""
+
+    purpose: str
+    stage: str
+    message: bytes
+    train: tuple[dict[str, Any], bytes] | None
+
+
+def second_part(header: dict[str, Any], body: bytes) -> tuple[SecondPart, bytes]:
+    """``(the second part, the rest of the body)`` of a ``layer`` job carrying a second stage
+    message (see :class:`SiteJobs`); ``MalformedEnvelope`` for an ``also`` that is not
     ``{purpose, stage, size}`` with a purpose the site sums other than the job's own, a string
-    stage, and a size within the body."""
+    stage, and a size within the body, or that carries a training (``train`` and ``train_size``,
+    the first ``train_size`` bytes of the part) that is not a ``train`` job's header with an
+    integer round and no job number, or whose size leaves no stage message."""
     also = header.get("also")
-    if not isinstance(also, dict) or set(also) != {"purpose", "stage", "size"}:
-        raise envelope.MalformedEnvelope("a second stage message must be {purpose, stage, size}")
+    keys = {"purpose", "stage", "size"}
+    if not isinstance(also, dict) or set(also) not in (keys, keys | {"train", "train_size"}):
+        raise envelope.MalformedEnvelope("a second stage message must be {purpose, stage, size[, train, "
+                                         "train_size]}")
     purpose, stage, size = also["purpose"], also["stage"], also["size"]
     if (purpose not in SiteJobs.PURPOSES or purpose == header.get("purpose") or "purpose" not in header
             or not isinstance(stage, str)):
         raise envelope.MalformedEnvelope("a second stage message must be for the other purpose")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= len(body):
         raise envelope.MalformedEnvelope("a second stage message's size is outside the job's body")
-    return (purpose, stage, body[len(body) - size:]), body[:len(body) - size]
+    part, rest = body[len(body) - size:], body[:len(body) - size]
+    train = None
+    if "train" in also:
+        first, first_size = also["train"], also["train_size"]
+        if (not isinstance(first, dict) or first.get("kind") != "train" or type(first.get("round")) is not int
+                or "job" in first):
+            raise envelope.MalformedEnvelope("a second part's training must be a train job of a round")
+        if isinstance(first_size, bool) or not isinstance(first_size, int) or not 0 <= first_size < size:
+            raise envelope.MalformedEnvelope("a second part's training size is outside the part")
+        train, part = (first, part[:first_size]), part[first_size:]
+    return SecondPart(purpose, stage, part, train), rest
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -42,6 +42,10 @@ AHEAD = ["train+layer/masked input", "layer/consistency check", "layer/unmask",
          "evaluate+layer/masked input", "layer/consistency check", "layer/unmask"]
 """A round after the first (session 10): its update's key stages rode in the round before's
 evaluation calls (the evaluation's masked input and consistency check)."""
+TRAINED_AHEAD = [*AHEAD[1:-1], "layer/unmask+train"]
+"""A round after the first of a plan without DP (session 11): its training and its update's masked
+input also rode in the round before's evaluation calls (the evaluation's unmask, ``+train``), and
+so does the next round's training, but in the plan's last round."""
 COLUMNS = ("round", "status", "participants", "dropped", "eval_sites", "epsilon", "epsilon_rdp", "steps")
 
 
@@ -93,8 +97,10 @@ class Recorded(resume_harness.Federation):
             def spy(payload: bytes, honest: Any = honest, name: str = site.name) -> bytes:
                 header, _ = envelope.decode(payload)
                 first = header.get("first") if isinstance(header.get("first"), dict) else header
-                if first.get("kind") == "train":
-                    self.training[(first["round"], name)] = first["rng"]
+                also = header.get("also") if isinstance(header.get("also"), dict) else {}
+                for job in (first, also.get("train") or {}):  # also: a training speculated ahead
+                    if job.get("kind") == "train":
+                        self.training[(job["round"], name)] = job["rng"]
                 return honest(payload)
 
             site.answer = spy  # type: ignore[method-assign]

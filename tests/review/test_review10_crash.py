@@ -261,7 +261,8 @@ def _rows(path: Any) -> list[dict[str, str]]:
 
 def test_with_a_sample_of_the_sites_the_keys_ahead_keep_the_draws_of_a_run_without(tmp_path, monkeypatch):
     """``train.fraction < 1``: the aggregation opened ahead is over the sites the copy of the run
-    generator sampled; rounds 2 and 3 take it (6 exchanges) and the run's samples, training seeds,
+    generator sampled; rounds 2 and 3 take it (5 exchanges: its training speculated in the round
+    before's last call since session 11) and the run's samples, training seeds,
     statuses, participants and both generators equal a run with ``open_ahead`` disabled."""
     from fedsec.network.remote import RemoteRound
 
@@ -276,7 +277,10 @@ def test_with_a_sample_of_the_sites_the_keys_ahead_keep_the_draws_of_a_run_witho
     plain = _sampled(tmp_path / "plain")
     try:
         assert plain.coordinator() is not None
-        assert [s for s, r in log if r in (2, 3)][0] == "train+layer/masked input"
+        # session 11: the sampled sites' training and masked input rode in the round before's last
+        # call (the evaluation's unmask, to every site), the round begins at its consistency check
+        assert [s for s, r in log if r in (1, 2)][-1] == "layer/unmask+train"
+        assert [s for s, r in log if r in (2, 3)][0] == "layer/consistency check"
         assert [s for s, r in plain.log if r in (2, 3)][0] == "train+layer/advertise keys"
         columns = ("round", "status", "participants", "dropped", "eval_sites")
         assert [{k: r[k] for k in columns} for r in history] == \

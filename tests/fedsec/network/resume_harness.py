@@ -128,6 +128,8 @@ class DirectMailboxes:
         stage = str(first.get("kind")) + ("/" + str(first.get("stage")) if "stage" in first else "")
         if isinstance(first.get("first"), dict):  # a job bundled with the stage
             stage = f"{first['first'].get('kind')}+{stage}"
+        if isinstance(first.get("also"), dict) and "train" in first["also"]:  # the next round's training
+            stage = f"{stage}+train"
         self.log.append((stage, round_index))
         here = self.crash is not None and self.crash[:2] == (round_index, self.counts[round_index])
         if here and not self.crash[2]:

@@ -344,13 +344,14 @@ def test_search_two_sessions_of_a_round_sum_honest_updates_or_abort_typed(deploy
 @pytest.mark.slow
 def test_a_federation_with_keys_ahead_runs_as_one_without(tmp_path, monkeypatch):
     """The project's coordinator (``run_coordinator``, ``Hub``) with four unmodified sites behind
-    direct mailboxes (``test_resume_cut_opened_ahead``), no DP noise: rounds 2 and 3 take 6
-    exchanges; both generators end where a run without keys ahead (8 exchanges a round) leaves
+    direct mailboxes (``test_resume_cut_opened_ahead``), no DP noise: rounds 2 and 3 take 5
+    exchanges (their keys agreed and their training sent during the round before's evaluation);
+    both generators end where a run without keys ahead (8 exchanges a round) leaves
     them, so every draw (samples, training seeds, sessions) came in the simulation's order, and
     the rounds' statuses and participants are that run's. (The sums themselves differ in their last
     bits between any two runs here: without ``dp.reproducible``, which needs DP-SGD and then trains
     site by site without keys ahead, each site draws its own rounding randomness.)"""
-    from tests.review.test_resume_cut_opened_ahead import AHEAD, CUT, Recorded, _generators
+    from tests.review.test_resume_cut_opened_ahead import CUT, TRAINED_AHEAD, Recorded, _generators
 
     def federation(root: Path) -> Recorded:
         return Recorded(root, extra='[dp]\nmode = "none"\n')
@@ -366,7 +367,9 @@ def test_a_federation_with_keys_ahead_runs_as_one_without(tmp_path, monkeypatch)
     try:
         reference, plain_log = plain.coordinator(), list(plain.log)
         assert summary is not None and reference is not None
-        assert [s for s, r in log if r == 1] == CUT and [s for s, r in log if r in (2, 3)] == AHEAD * 2
+        assert [s for s, r in log if r == 1] == [*CUT[:-1], "layer/unmask+train"]
+        assert [s for s, r in log if r == 2] == TRAINED_AHEAD
+        assert [s for s, r in log if r == 3] == [*TRAINED_AHEAD[:-1], "layer/unmask"]
         assert [s for s, r in plain_log if r in (1, 2, 3)] == CUT * 3
         assert [row["status"] for row in history] == ["ok"] * 3
         columns = ("round", "status", "participants", "dropped", "eval_sites", "failed_clients")
@@ -431,7 +434,8 @@ def test_the_round_takes_the_aggregation_opened_ahead_only_where_its_own_draws_c
         if lie == "rejoined":
             remote.hub.joins[remote.hub.names[1]] += 1
         at = rng.bit_generator.state
-        taken = remote._take_ahead(NEXT + (lie == "round"), ids)
+        taken, trained = remote._take_ahead(NEXT + (lie == "round"), ids)
+        assert not trained  # its training was not sent with it (train_ahead)
         assert remote.ahead is None  # taken or dropped: never offered twice
         if lie == "none":
             assert taken is session
