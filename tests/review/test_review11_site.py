@@ -372,6 +372,24 @@ def test_r11_1_the_sites_job_loop_survives_a_training_round_outside_64_bits(depl
         party.close()
 
 
+@pytest.mark.xfail(strict=True, reason="R11-1 (older, same root) a job whose own header round is 2**63 ends "
+                                       "Site._jobs: the poll's audit row raises ValueError")
+def test_r11_1_the_sites_job_loop_survives_a_job_round_outside_64_bits(deployment, tmp_path):
+    party = Party(deployment, 0, tmp_path / "s")
+    jobs = iter([envelope.encode({"kind": "evaluate", "round": 2**63, "job": 3}, b""),
+                 envelope.encode({"kind": "done", "job": 4, "summary": {}})])
+
+    def call(topic: str, payload: bytes, *, round_index: Any = None, deadline: Any = None,
+             record: bool = True) -> bytes:
+        return next(jobs)
+
+    party.site.call = call  # type: ignore[method-assign]
+    try:
+        assert party.site._jobs(party.config, RUN, party.state) == EXIT_OK
+    finally:
+        party.close()
+
+
 @pytest.mark.xfail(strict=True, reason="R11-2 the refusal of a speculated training is filed under the "
                                        "round the coordinator wrote in also.train, unchecked")
 @pytest.mark.parametrize("claimed", [7, -1, 0])
