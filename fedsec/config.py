@@ -262,6 +262,10 @@ class FederationConfig:
                               "or empty", lambda v: v == "" or (":" in v and v.rpartition(":")[2].isdigit()))
     keyholder_name: str = _opt("auditor", "the Paillier key holder's certificate name (under threshold "
                                           "custody: the dealer's)", lambda v: bool(v))
+    train_ahead: bool = _opt(True, "true or false (masking without DP: the next round's training "
+                                   "goes with its masked input in the evaluation's last call, 5 calls "
+                                   "a round instead of 6; a coordinator crash then also loses the "
+                                   "round trained ahead)")
 
 
 @dataclass(frozen=True)

@@ -232,12 +232,13 @@ class RemoteRound(AggregationProtocol):
         (:meth:`_take_ahead`), so a stop (a target accuracy reached, the last round) still comes
         before any release: a round of 5 exchanges instead of 6. None, and the jobs go with the
         round as before, where it cannot be: not a plan without DP (a training the run does not
-        take would have charged the sites' ledgers), no aggregation opened ahead or not at its
+        take would have charged the sites' ledgers), ``federation.train_ahead`` false (a
+        coordinator crash then loses only the round in flight), no aggregation opened ahead or not at its
         masked input, key stages that did not complete with every sampled site or a site that
         accepted the plan again since, or no model being evaluated."""
-        ahead = self.ahead
-        if (ahead is None or self.layer.context.config.dp.mode != "none" or self.released is None
-                or ahead.model is not None):
+        ahead, config = self.ahead, self.layer.context.config
+        if (ahead is None or config.dp.mode != "none" or not config.federation.train_ahead
+                or self.released is None or ahead.model is not None):
             return None
         session, names = ahead.session, self.hub.names
         if (session.done or session.stage != "masked input" or set(session.server.members) != set(ahead.ids)

@@ -50,7 +50,7 @@ from fedsec.network.errors import PeerRejected, PolicyRefused
 from fedsec.network.framing import Payload
 from fedsec.network.layers import LAYERS, SiteContext, SiteLayer, split_first
 from fedsec.network.ledger import EpsilonLedger
-from fedsec.network.party_audit import PartyAudit, identity_fingerprint
+from fedsec.network.party_audit import SQLITE_INT, PartyAudit, identity_fingerprint
 from fedsec.network.pki import Trust, verify_peer
 from fedsec.network.policy import SitePolicy, admit_plan
 from fedsec.network.site_state import SiteState
@@ -271,8 +271,9 @@ class Site:
             if kind == "wait":
                 continue
             job, round_index = envelope.field(header, "job", int), header.get("round")
-            if isinstance(round_index, bool) or not isinstance(round_index, int):
-                round_index = None
+            if (isinstance(round_index, bool) or not isinstance(round_index, int)
+                    or not 0 <= round_index < SQLITE_INT):
+                round_index = None  # not a round its audit log can file under (review 11, R11-1)
             if polled:
                 self.audit.sent_then_received(self.server_name, "poll", b"", reply, round=round_index)
             if kind == "done":
@@ -383,15 +384,15 @@ class SiteJobs:
         (``{ok, size[, reason]}``, with the training's fields) and its reply."""
         fields: dict[str, Any] = {}
         purpose = also.purpose
-        if also.train is not None:
-            round_index = also.train[0]["round"]  # the training's events are of its round
         try:
             if also.train is not None:
                 train, train_body = also.train
                 layer = self.layers.get(purpose)
                 if (purpose != "update" or layer is None or also.stage != layer.INPUT_STAGE
                         or layer.vector is not None or train["round"] != layer.setup.get("round")):
-                    raise ClientAbort(TRAIN_NOT_FOR_LAYER)
+                    raise ClientAbort(TRAIN_NOT_FOR_LAYER)  # filed under the job's round (R11-2)
+                # the training's events are of its round: its layer's, a round of the plan
+                round_index = train["round"]
                 fields = self.work("train", {**train, "job": job}, train_body, round_index)
             out = self.stage(purpose, also.stage, also.message)
         except ClientAbort as abort:

@@ -10,7 +10,7 @@ Adversary: the coordinator (any bytes, any order, any site), with the sites' UNM
 ``tests/fedsec/network/test_bundled_jobs.Party``); the coordinator's sessions are the project's
 ``MaskingCoordinator``/``MaskedSession`` (``tests/fedsec/network/test_two_sessions.layer``).
 
-Findings written as strict xfails (the secure behaviour asserted):
+Findings, fixed in the same session (their tests, once strict xfails, are regression tests now):
 
 - R11-1: ``also.train.round`` is only checked to be a Python ``int``; ``_second`` sets it as the
   round of every event of the part BEFORE checking it, so a round outside SQLite's 64-bit range
@@ -19,6 +19,9 @@ Findings written as strict xfails (the secure behaviour asserted):
 - R11-2: the same unchecked round files the refusal (the update layer's ``abort``) under any round
   the coordinator names (``7`` of a 3-round plan, ``-1``): the site's log carries an event under a
   round that no job and no layer of the site was of.
+- Fixed: ``_second`` files a refused training under the job's round and switches to the
+  training's round only once the gate passed (then it is its layer's, a round of the plan);
+  ``Site._jobs`` takes a job round outside [0, 2**63) as no round (the older variant of R11-1).
 
 Held (plain tests): the honest speculated schedule sums exactly; a training that is not for a late
 update layer at its input stage is refused before anything is recorded, and the primary part's
@@ -62,7 +65,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> demo.Deployment:
 
 
 def also_train(header: dict[str, Any], body: bytes, *, stage: str, message: bytes,
-               train: tuple[dict[str, Any], bytes] | None, purpose: str = "update") -> tuple[dict[str, Any], bytes]:
+               train: tuple[dict[str, Any], bytes] | None,
+               purpose: str = "update") -> tuple[dict[str, Any], bytes]:
     """``(header, body)`` with a second part for ``purpose``'s ``stage`` carrying ``train`` first,
     byte for byte as ``Hub.exchange(also_train=...)`` packs it."""
     second: dict[str, Any] = {"purpose": purpose, "stage": stage}
@@ -207,7 +211,8 @@ def test_a_training_not_for_a_late_update_layer_at_its_input_is_refused_before_i
         for label, train_header, why in cases:
             # primary: a statistics stage without a setup (refused the same way with or without a
             # second part); second: round 2's update stage with a training
-            header, body = {"kind": "layer", "round": EVALUATED, "stage": "unmask", "purpose": "statistics"}, b"x"
+            header = {"kind": "layer", "round": EVALUATED, "stage": "unmask", "purpose": "statistics"}
+            body = b"x"
             plain = party.send(header, body)
             header2, body2 = also_train(header, body, stage=label, message=b"\x00" * 8,
                                         train=(train_header, train_job(party, NEXT)[1]))
@@ -226,8 +231,8 @@ def test_a_training_not_for_a_late_update_layer_at_its_input_is_refused_before_i
                 assert ring.refusals[-1] in LATE
         # statistics purpose for the training (primary update, second statistics)
         header, body = {"kind": "layer", "round": NEXT, "stage": "unmask", "purpose": "update"}, b"x"
-        answer, _ = party.send(*also_train(header, body, stage="masked input", message=b"y", purpose="statistics",
-                                           train=train_job(party, NEXT)))
+        answer, _ = party.send(*also_train(header, body, stage="masked input", message=b"y",
+                                           purpose="statistics", train=train_job(party, NEXT)))
         assert answer["also"] == {"ok": False, "reason": TRAIN_NOT_FOR_LAYER, "size": 0}
         # a layer that already holds its input (set up naming a trained update): no second training
         answer, _ = twin.send(*train_job(twin, NEXT))
@@ -275,7 +280,8 @@ def test_replaying_the_speculated_call_neither_retrains_nor_resubmits(deployment
         ring.close()
 
 
-def test_a_setup_smuggled_behind_a_speculated_training_spends_the_update_once(deployment, tmp_path, monkeypatch):
+def test_a_setup_smuggled_behind_a_speculated_training_spends_the_update_once(deployment, tmp_path,
+                                                                              monkeypatch):
     """The gate reads the label and the layer held; the message may still carry a NEW setup (of a
     second session of round 2), which replaces the layer and names the update just trained. Held:
     that update goes into at most one layer (the new one, which then refuses the skipped stage, or
@@ -323,7 +329,7 @@ def test_the_primary_part_is_answered_whatever_the_speculated_part_does(deployme
 
 
 # ---------------------------------------------------------------------------------------------
-# R11-1 and R11-2: the training's round is used before it is checked
+# R11-1 and R11-2: the training's round was used before it was checked (fixed)
 
 
 def _huge_round_job(party: Party, round_index: int) -> tuple[dict[str, Any], bytes]:
@@ -333,8 +339,6 @@ def _huge_round_job(party: Party, round_index: int) -> tuple[dict[str, Any], byt
                       train=({**train_header, "round": round_index}, train_body))
 
 
-@pytest.mark.xfail(strict=True, reason="R11-1 also.train.round outside 64 bits: the refusal's audit event "
-                                       "raises ValueError out of SiteJobs._second")
 def test_r11_1_a_training_round_outside_64_bits_is_refused_not_raised(deployment, tmp_path):
     party = Party(deployment, 0, tmp_path / "s")
     try:
@@ -345,8 +349,6 @@ def test_r11_1_a_training_round_outside_64_bits_is_refused_not_raised(deployment
         party.close()
 
 
-@pytest.mark.xfail(strict=True, reason="R11-1 one job with also.train.round = 2**63 ends the site's "
-                                       "job loop (Site._jobs) with an unhandled ValueError")
 def test_r11_1_the_sites_job_loop_survives_a_training_round_outside_64_bits(deployment, tmp_path):
     """The real ``Site._jobs`` loop (what ``fedsec join`` runs after accepting), its calls answered by
     the coordinator: one crafted job, then ``done``. Secure: the job is answered (refused) and the
@@ -372,8 +374,6 @@ def test_r11_1_the_sites_job_loop_survives_a_training_round_outside_64_bits(depl
         party.close()
 
 
-@pytest.mark.xfail(strict=True, reason="R11-1 (older, same root) a job whose own header round is 2**63 ends "
-                                       "Site._jobs: the poll's audit row raises ValueError")
 def test_r11_1_the_sites_job_loop_survives_a_job_round_outside_64_bits(deployment, tmp_path):
     party = Party(deployment, 0, tmp_path / "s")
     jobs = iter([envelope.encode({"kind": "evaluate", "round": 2**63, "job": 3}, b""),
@@ -390,8 +390,6 @@ def test_r11_1_the_sites_job_loop_survives_a_job_round_outside_64_bits(deploymen
         party.close()
 
 
-@pytest.mark.xfail(strict=True, reason="R11-2 the refusal of a speculated training is filed under the "
-                                       "round the coordinator wrote in also.train, unchecked")
 @pytest.mark.parametrize("claimed", [7, -1, 0])
 def test_r11_2_a_refused_training_is_not_filed_under_a_round_nothing_was_of(deployment, tmp_path, claimed):
     """Site 0 holds no layer; the job is of round 1; the training claims round ``claimed`` (outside
@@ -440,7 +438,8 @@ def steps(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     for choice in draw(st.lists(st.sampled_from(["A", "A", "A", "B2", "B3", "B3", "X"]), max_size=24)):
         mutation = draw(st.sampled_from(MUTATIONS))
         if choice == "X":
-            out.append(("X", (draw(st.sampled_from([None, *SESSIONS])), draw(st.sampled_from([None, *SESSIONS])),
+            out.append(("X", (draw(st.sampled_from([None, *SESSIONS])),
+                              draw(st.sampled_from([None, *SESSIONS])),
                               draw(st.sampled_from([None, 0, 1, 2, 3, 4])), draw(st.booleans())), mutation))
         else:
             out.append((choice, None, mutation))
@@ -483,7 +482,8 @@ def test_search_speculated_trainings_mixed_with_stages_rounds_and_replays_keep_t
             _step(ring, sessions, step, mutation, last)
             _invariants(ring)
         outcomes = {name: ring.summed(session) for name, session in sessions.items() if session.done}  # (5)
-        assert set(ring.refusals) <= KNOWN | LATE | GATE | {NOT_PENDING}, set(ring.refusals) - (KNOWN | LATE | GATE)
+        allowed = KNOWN | LATE | GATE | {NOT_PENDING}
+        assert set(ring.refusals) <= allowed, set(ring.refusals) - allowed
         STATS.update(f"{name}:{'aborted' if o == 'aborted' else len(o)}" for name, o in outcomes.items())
     finally:
         SiteLayer._spend = original  # type: ignore[method-assign]
@@ -500,7 +500,8 @@ def _step(ring: Ring, sessions: dict[str, MaskedSession], step: tuple[Any, ...],
     if primary is not None and sessions[primary].done:
         primary = None
     if second is not None and (sessions[second].done or second == primary
-                               or (primary is not None and sessions[second].purpose == sessions[primary].purpose)):
+                               or (primary is not None
+                                   and sessions[second].purpose == sessions[primary].purpose)):
         second = None
     if primary is None and second is None:
         return
@@ -561,7 +562,8 @@ def _invariants(ring: Ring) -> None:
         assert len(given) == len(set(given)), given  # (2) never into two layers
         for i in ring.inputs:
             if i[0] == c and i[2] == "update":
-                assert i[4].tobytes() == ring.trained_last[c].get(i[3]), ("an update of another training", i[3])
+                assert i[4].tobytes() == ring.trained_last[c].get(i[3]), \
+                    ("an update of another training", i[3])
         assert all(n <= MAX_TRAININGS for n in _trainings(party).values())
         late = party.state._db.execute("SELECT count FROM late_update_setups").fetchall()
         assert all(n <= MAX_LATE_SETUPS for (n,) in late)
@@ -576,9 +578,10 @@ def _invariants(ring: Ring) -> None:
 def train_headers(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
     """A ``train`` header for the second part: each field honest or garbage; and how its body is cut."""
     good = np.random.default_rng(5).bit_generator.state
-    header: dict[str, Any] = {"kind": "train", "round": draw(st.sampled_from([NEXT, NEXT, NEXT, 1, 3, 0, -1, 2**62,
-                                                                             -(2**63)]))}
-    header["rng"] = draw(st.sampled_from([good, good, {"bit_generator": "PCG64"}, {"bit_generator": "MT19937"},
+    rounds = [NEXT, NEXT, NEXT, 1, 3, 0, -1, 2**62, -(2**63)]
+    header: dict[str, Any] = {"kind": "train", "round": draw(st.sampled_from(rounds))}
+    header["rng"] = draw(st.sampled_from([good, good, {"bit_generator": "PCG64"},
+                                          {"bit_generator": "MT19937"},
                                           {**good, "state": {"state": -1, "inc": "x"}}, [], None, "PCG64"]))
     head = draw(st.sampled_from(["absent", None, {}, {"seq": 2**70, "hash": "0" * 64, "actor": "coordinator"},
                                  {"seq": True}, "head"]))
@@ -611,8 +614,8 @@ def test_search_a_carried_trainings_header_is_refused_typed_or_trained_never_rai
     try:
         length = party.site.work.length
         message = first_stage(deployment, party.config, purpose="update", round_index=NEXT, length=length)[0]
-        answer, _ = party.send({"kind": "layer", "round": NEXT, "stage": "advertise keys", "purpose": "update"},
-                               message)
+        answer, _ = party.send({"kind": "layer", "round": NEXT, "stage": "advertise keys",
+                                "purpose": "update"}, message)
         assert answer["ok"] is True
         vector = np.zeros(length, dtype=np.float32)
         if cut == "nan":

@@ -47,7 +47,8 @@ def test_a_site_killed_after_its_training_went_ahead_and_restarted(tmp_path):
             running.join(k, policy=policy)
         _until(lambda: site_db_has(d.state(0), "SELECT 1 FROM consumed WHERE kind = 'update' AND round = 2"),
                "site 0's round-2 update consumed", WAIT)
-        evaluated_1 = site_db_has(d.state(0), "SELECT 1 FROM consumed WHERE kind = 'evaluation' AND round = 1")
+        evaluated_1 = site_db_has(d.state(0),
+                                  "SELECT 1 FROM consumed WHERE kind = 'evaluation' AND round = 1")
         os.kill(running.sites[0].pid, signal.SIGKILL)
         running.sites[0].wait(timeout=10)
         running.join(0, policy=policy)  # a second process over the same state folder
