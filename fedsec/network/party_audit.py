@@ -269,6 +269,13 @@ class PartyAudit:
         self._storable(items)
         self._call(items)
 
+    def events(self, events: list[tuple[str, int | None, dict[str, Any]]]) -> None:
+        """Record ``(action, round, details)`` events in order and wait once until all are on disk
+        (one commit and fsync for all, not one each); ValueError, nothing written, as :meth:`event`."""
+        items = [(action, round_, None, details, None) for action, round_, details in events]
+        self._storable(items)
+        self._call(items)
+
     def sent_then_received(self, peer: str, kind: str, request: bytes, reply: bytes, *,
                            round: int | None = None) -> None:
         """A call this party made: its request to ``peer`` and the reply, one ``call`` row (queued:

@@ -43,11 +43,11 @@ class CoordinatorAudit(RoundObserver):
             value = getattr(record, key)
             if isinstance(value, float) and np.isfinite(value):
                 details[key] = value
-        self.audit.event("round", round=record.round, details=details)
+        events = [("round", record.round, details)]
         if "epsilon" in record.metrics:
-            self.audit.event("epsilon", round=record.round, details={"epsilon": record.metrics["epsilon"]})
-        self.audit.event("model_released", round=record.round,
-                         details={"sha256": vector_sha256(self.model_vector())})
+            events.append(("epsilon", record.round, {"epsilon": record.metrics["epsilon"]}))
+        events.append(("model_released", record.round, {"sha256": vector_sha256(self.model_vector())}))
+        self.audit.events(events)  # one commit for the round's events
 
     def on_finish(self, result: TrainingResult) -> None:
         self.audit.event("run_finished", details={"rounds_run": result.rounds_run,
