@@ -209,14 +209,16 @@ def _read_stat(path: str) -> str | None:
 
 
 def calls_per_round(audit: Path) -> float:
-    """Mean number of calls the coordinator served a round (its ``served`` rows, or ``receive`` rows
-    in a log written before one row a call, between consecutive ``round`` rows, round 2 on): every
-    call a site makes is one request the coordinator receives."""
+    """Mean number of calls the coordinator served a round, round 2 on: its ``served`` rows (or
+    ``receive`` rows in a log written before one row a call) filed under that round, i.e. the
+    calls that answered a job of that round (every call a site makes is one request the coordinator
+    receives). By the jobs' round, not by the time between ``round`` rows: a round's first call
+    is posted before the round before is recorded."""
     db = sqlite3.connect(f"{audit.absolute().as_uri()}?mode=ro", uri=True)
     try:
-        ends = [seq for (seq,) in db.execute("SELECT seq FROM events WHERE action = 'round' ORDER BY seq")]
-        query = "SELECT COUNT(*) FROM events WHERE action IN ('served', 'receive') AND seq > ? AND seq < ?"
-        counts = [db.execute(query, (a, b)).fetchone()[0] for a, b in zip(ends, ends[1:])]
+        counts = [n for (n,) in db.execute(
+            "SELECT COUNT(*) FROM events WHERE action IN ('served', 'receive') AND round >= 2 "
+            "AND round <= (SELECT MAX(round) FROM events WHERE action = 'round') GROUP BY round")]
     finally:
         db.close()
     return statistics.mean(counts) if counts else float("nan")
@@ -381,16 +383,19 @@ def timeline(folder: Path, ends: list[float]) -> dict[str, object]:
     slowest site's time in its job runner) and ``site_cpu`` (the sites' main-thread CPU in it,
     summed), ``pickup`` (posted to the last site starting it: delivery and wake-up), and
     ``before`` (the coordinator's own time from the previous exchange's return to this posting).
+    A round's first call, posted at the end of the round before (``RemoteRound.prefetch``), is
+    its round's: its ``wall`` holds the coordinator's work between the two rounds, done while the
+    sites answer it.
     """
     coordinator = [json.loads(line) for line in open(folder / "coordinator.jsonl")]
     sites = [json.loads(line) for path in sorted(folder.glob("site-*.jsonl")) for line in open(path)]
-    start = ends[0] if ends else 0.0
     rounds: dict[int, list[dict]] = {}
     previous = None
-    for record in coordinator:
+    for record in sorted(coordinator, key=lambda r: r["posted"]):
         record["before"] = record["posted"] - previous if previous is not None else float("nan")
         previous = record["returned"]
-        if record["posted"] > start and isinstance(record["round"], int) and record["round"] >= 2:
+        # by the round its jobs are of: a round's first call is posted at the end of the round before
+        if isinstance(record["round"], int) and record["round"] >= 2:
             rounds.setdefault(record["round"], []).append(record)
     stages: list[dict[str, object]] = []
     for position in range(min((len(v) for v in rounds.values()), default=0)):

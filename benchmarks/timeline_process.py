@@ -38,13 +38,17 @@ def _label(kind: Any, header: dict[str, Any]) -> str:
 
 
 def install(records: list[dict[str, Any]]) -> None:
-    """Wrap the coordinator's exchange and answer, and the site's job runner."""
+    """Wrap the coordinator's exchanges (posting and collecting) and answers, and the site's job
+    runner. An exchange posted ahead (a next round's first call, posted at the end of the round
+    before) is timed from its posting: the coordinator's work until it is collected overlaps it."""
     from fedsec.network import coordinator, site
     from fedsec.network.mailbox import Mailboxes
 
     lock = threading.Lock()
     arrivals: dict[int, float] = {}
-    answer, exchange, run = Mailboxes.answer, coordinator.Hub.exchange, site.SiteJobs.run
+    answer, send, receive, run = (Mailboxes.answer, coordinator.Hub.send, coordinator.Hub.receive,
+                                  site.SiteJobs.run)
+    in_flight: dict[int, dict[str, Any]] = {}
 
     def timed_answer(self: Mailboxes, name: str, job: int, payload: bytes) -> bool:
         ok = answer(self, name, job, payload)
@@ -52,8 +56,8 @@ def install(records: list[dict[str, Any]]) -> None:
             arrivals[job] = time.time()
         return ok
 
-    def timed_exchange(self: coordinator.Hub, kind: str, round_index: int | None, jobs: Any, deadline: float,
-                       *, first: Any = None, also: Any = None, also_train: Any = None) -> Any:
+    def timed_send(self: coordinator.Hub, kind: str, round_index: int | None, jobs: Any, deadline: float,
+                   *, first: Any = None, also: Any = None, also_train: Any = None) -> Any:
         headers = [h for h, _ in jobs.values()]
         label = _label(kind, headers[0] if headers else {})
         if first is not None:
@@ -61,18 +65,23 @@ def install(records: list[dict[str, Any]]) -> None:
         if also:
             label = f"{label}+{'train+' if also_train is not None else ''}" \
                     f"{_label('layer', next(iter(also.values()))[0])}"
-        start_id = self.mailboxes.next_id()
         posted = time.time()
+        sent = send(self, kind, round_index, jobs, deadline, first=first, also=also, also_train=also_train)
+        in_flight[id(sent)] = {"party": "coordinator", "what": label, "round": round_index, "posted": posted,
+                               "jobs": len(jobs)}
+        return sent
+
+    def timed_receive(self: coordinator.Hub, sent: Any) -> Any:
         try:
-            return exchange(self, kind, round_index, jobs, deadline, first=first, also=also,
-                            also_train=also_train)
+            return receive(self, sent)
         finally:
-            returned = time.time()
+            record = in_flight.pop(id(sent))
+            ids = {job for job, _ in sent.posted.values()}
             with lock:
-                times = sorted(t for job, t in arrivals.items() if job > start_id)
-                arrivals.clear()
-            records.append({"party": "coordinator", "what": label, "round": round_index, "posted": posted,
-                            "returned": returned, "jobs": len(jobs), "answers": times})
+                times = sorted(t for job, t in arrivals.items() if job in ids)
+                for job in ids:
+                    arrivals.pop(job, None)
+            records.append({**record, "returned": time.time(), "answers": times})
 
     def timed_run(self: site.SiteJobs, job: int, header: dict[str, Any], body: bytes,
                   round_index: int | None) -> Any:
@@ -84,7 +93,8 @@ def install(records: list[dict[str, Any]]) -> None:
                             "start": start, "end": time.time(), "thread_cpu": time.thread_time() - cpu})
 
     Mailboxes.answer = timed_answer  # type: ignore[method-assign]
-    coordinator.Hub.exchange = timed_exchange  # type: ignore[method-assign]
+    coordinator.Hub.send = timed_send  # type: ignore[method-assign]
+    coordinator.Hub.receive = timed_receive  # type: ignore[method-assign]
     site.SiteJobs.run = timed_run  # type: ignore[method-assign]
 
 

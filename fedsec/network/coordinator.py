@@ -39,7 +39,7 @@ from fedsec.config import ExperimentConfig
 from fedsec.network import envelope
 from fedsec.network.errors import PeerRejected
 from fedsec.network.framing import Payload
-from fedsec.network.mailbox import Mailboxes
+from fedsec.network.mailbox import Mailboxes, Posted
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.pki import Peer, Trust, verify_peer
 from fedsec.network.transport import DEFAULT_READ_DEADLINE, TransportServer
@@ -68,6 +68,26 @@ class Bundle:
     round_index: int | None = None
     """The round its jobs are of (None: the exchange's). A ``train`` bundle that travels with the
     second stage message (:meth:`Hub.exchange`'s ``also_train``) is of the next round."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """An exchange posted by :meth:`Hub.send`, for :meth:`Hub.receive`: what was asked, of whom."""
+
+    kind: str
+    round_index: int | None
+    jobs: dict[str, tuple[dict[str, Any], bytes]]
+    first: Bundle | None
+    also: dict[str, tuple[dict[str, Any], bytes]]
+    also_train: Bundle | None
+    posted: dict[str, tuple[int, bytes]]
+    """Each site's job as posted (its id and payload)."""
+    alone: set[str]
+    """Sites given only the second stage message, as a job of its own."""
+    joins: dict[str, int]
+    """Each site's join count when it was posted."""
+    stage: str
+    mail: Posted
 
 
 @dataclass(frozen=True)
@@ -364,7 +384,15 @@ class Hub:
                  deadline: float, *, first: Bundle | None = None,
                  also: Mapping[str, tuple[dict[str, Any], bytes]] | None = None,
                  also_train: Bundle | None = None) -> dict[str, tuple[dict[str, Any], bytes]]:
-        """Send ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
+        """:meth:`send` then :meth:`receive`: the answers that say ``ok`` (see :meth:`send`)."""
+        return self.receive(self.send(kind, round_index, jobs, deadline, first=first, also=also,
+                                      also_train=also_train))
+
+    def send(self, kind: str, round_index: int | None, jobs: Mapping[str, tuple[dict[str, Any], bytes]],
+             deadline: float, *, first: Bundle | None = None,
+             also: Mapping[str, tuple[dict[str, Any], bytes]] | None = None,
+             also_train: Bundle | None = None) -> Sent:
+        """Post ``{site: (header, body)}`` jobs of ``kind``; the answers ``{site: (header, body)}``
         that arrived within ``deadline`` seconds and say ``ok`` (the others are dropouts, recorded).
         With ``first`` (a ``layer`` exchange), each of its sites gets its first job bundled with
         its stage message (see :class:`Bundle`). With ``also`` (a ``layer`` exchange:
@@ -375,7 +403,11 @@ class Hub:
         ``also_train`` (a ``train`` bundle of its own round), each of its sites gets its job before
         its ``also`` message, in the same part (the next round's training, speculated: see
         :class:`~fedsec.network.site.SiteJobs`); ``done`` is then called with the parts that came
-        back ok (their reports: the training's fields) and the refusals of the others."""
+        back ok (their reports: the training's fields) and the refusals of the others.
+
+        Nothing is waited for: :meth:`receive` waits for the answers (until ``deadline`` seconds
+        after now) and returns ``{site: (header, body)}`` of those that say ``ok``; the others are
+        dropouts, recorded."""
         also = dict(also or {})
         trained_with = also_train.jobs if also_train is not None else {}
         ready = {name for name in set(jobs) | set(also) if name in self.sites and name not in self.absent}
@@ -418,7 +450,18 @@ class Hub:
                 body = body + second
             posted[name] = self.job(kind, round_index, header, body)
         stage = kind if first is None else f"{first.kind}+{kind}"
-        answers = self.mailboxes.exchange(posted, deadline)
+        return Sent(kind, round_index, dict(jobs), first, also, also_train, posted, alone, joins, stage,
+                    self.mailboxes.send(posted, deadline))
+
+    def receive(self, sent: Sent) -> dict[str, tuple[dict[str, Any], bytes]]:
+        """The answers to the jobs :meth:`send` posted (see there), waiting for them until its
+        deadline; sets :attr:`refusals` and the second parts' :attr:`also_answers`,
+        :attr:`also_reports` and :attr:`also_refusals`, and calls the bundles' ``done``."""
+        kind, round_index, jobs, first, also = sent.kind, sent.round_index, sent.jobs, sent.first, sent.also
+        also_train, posted, alone = sent.also_train, sent.posted, sent.alone
+        joins, stage = sent.joins, sent.stage
+        trained_with = also_train.jobs if also_train is not None else {}
+        answers = self.mailboxes.collect(sent.mail)
         good: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.refusals, self.also_answers, self.also_reports, self.also_refusals = {}, {}, {}, {}
         for name in also:

@@ -23,6 +23,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Posted:
+    """Jobs posted by :meth:`Mailboxes.send`: ``{site: (job id, payload)}`` and the monotonic time
+    their answers are waited for until."""
+
+    jobs: dict[str, tuple[int, bytes]]
+    end: float
 
 
 class Mailboxes:
@@ -81,7 +91,11 @@ class Mailboxes:
     def exchange(self, jobs: Mapping[str, tuple[int, bytes]], deadline: float) -> dict[str, bytes]:
         """Post ``{site: (job id, payload)}`` and return ``{site: answer}`` of those that answered
         within ``deadline`` seconds; the others' jobs are withdrawn."""
-        end = time.monotonic() + deadline
+        return self.collect(self.send(jobs, deadline))
+
+    def send(self, jobs: Mapping[str, tuple[int, bytes]], deadline: float) -> Posted:
+        """Post ``{site: (job id, payload)}`` without waiting: :meth:`collect` waits for the
+        answers, until ``deadline`` seconds after now."""
         with self._cond:
             waiting = {job for job, _ in jobs.values()}
             outstanding = set(waiting)
@@ -90,6 +104,14 @@ class Mailboxes:
                 self._pending[job] = name
                 self._outstanding[job] = outstanding
                 self._site_cond[name].notify_all()
+        return Posted(dict(jobs), time.monotonic() + deadline)
+
+    def collect(self, posted: Posted) -> dict[str, bytes]:
+        """``{site: answer}`` of the jobs :meth:`send` posted that were answered before its
+        deadline (waiting for them until then); the others' jobs are withdrawn."""
+        jobs, end = posted.jobs, posted.end
+        with self._cond:
+            waiting = {job for job, _ in jobs.values()}
             while waiting & set(self._pending) and not self._closed:
                 left = end - time.monotonic()
                 if left <= 0:

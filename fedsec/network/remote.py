@@ -138,6 +138,13 @@ class RemoteRound(AggregationProtocol):
         calls carry the key stages of the next round's update aggregation (:meth:`open_ahead`)."""
         self.ahead: _Ahead | None = None
         """The next round's update aggregation, opened during this round's evaluation."""
+        self.post: Callable[[str, dict[int, bytes]], Any] | None = None
+        self.collect: Callable[[Any], dict[int, bytes]] | None = None
+        """Post a ``layer`` exchange without waiting for it, and collect its replies (set by the
+        coordinator; the layer's own exchanges are ``collect(post(...))``)."""
+        self.prefetched: tuple[Any, Any] | None = None
+        """The first call of the round opened ahead, posted at the end of the round before's
+        evaluation: its aggregation and the posted exchange (:meth:`prefetch`)."""
         self.released: tuple[bytes, str] | None = None
         """The model the evaluation in flight is of (its body and SHA-256; set by
         :class:`RemoteEvaluator`): the model the next round trains from."""
@@ -171,6 +178,8 @@ class RemoteRound(AggregationProtocol):
         (the simulation's order is kept: the evaluation's draws are of their own stream), so that
         the update's calls carry its stages that need no contribution; None when its layer cannot
         be opened ahead (every layer but masking) or no site is present."""
+        if self.opened is not None and self.opened.round_index == round_index:
+            return self.opened  # opened at the end of the round before, its first stage posted then
         opener = getattr(self.layer, "open", None)
         ids = self.present()
         if opener is None or not ids:
@@ -256,6 +265,41 @@ class RemoteRound(AggregationProtocol):
 
         return Bundle("train", {names[c]: jobs[c] for c in ids}, done, round_index=round_index)
 
+    def prefetch(self, round_index: int, evaluation: RemoteRound) -> None:
+        """Post the first call of round ``round_index`` now, at the end of the round before's
+        evaluation, when its training went ahead (:meth:`train_ahead`): its update's consistency
+        check, with the advertise keys of its evaluation (opened now, over the sites present:
+        :meth:`open_evaluation`) as the second part. The sites work on it while the server loop
+        records the round before (history, checkpoint, audit) and begins this round, which
+        collects the replies (:meth:`aggregate`); nothing is released by it. Nothing is posted
+        where the aggregation ahead was not trained ahead, has failed, or is not past its input."""
+        ahead, hub = self.ahead, self.hub
+        if (ahead is None or ahead.model is None or self.post is None or ahead.round_index != round_index
+                or ahead.session.done or ahead.session.before_input or ahead.session.stage == "masked input"):
+            return
+        rider = evaluation.open_evaluation(round_index)
+        saved = hub.round, hub.purpose, hub.rider, hub.rider_training
+        hub.round, hub.purpose, hub.rider, hub.rider_training = round_index, "update", rider, None
+        try:
+            stage, outgoing = ahead.session.outgoing()
+            if not ahead.session.done:
+                self.prefetched = (ahead.session, self.post(stage, outgoing))
+        finally:
+            hub.round, hub.purpose, hub.rider, hub.rider_training = saved
+
+    def settle(self) -> None:
+        """At the end of the run: collect a first call posted ahead for a round the run did not
+        begin (its dropouts recorded), and record that its aggregation was never driven."""
+        prefetched, self.prefetched = self.prefetched, None
+        if prefetched is None or self.collect is None:
+            return
+        session, posted = prefetched
+        self.collect(posted)
+        self.hub.audit.event("abort", round=session.round_index,
+                             stage=f"{self.layer.name}/update (trained ahead)",
+                             details={"reason": "the run ended before this round began: its sum was "
+                                                "never released"})
+
     def _take_ahead(self, round_index: int, ids: list[int]) -> tuple[Any, bool]:
         """The update aggregation opened ahead for this round, if it is the one the round's own
         draws call for (same clients, the run generator where the copy was) and its key stages
@@ -320,7 +364,7 @@ class RemoteRound(AggregationProtocol):
         if opened is not None and (purpose != "statistics" or opened.round_index != round_index
                                    or [int(u.client_id) for u in updates] != opened.ids):
             opened = None  # not the aggregation it was opened for: it is never driven
-        rider = None
+        rider, prefetched = None, None
         if purpose == "statistics" and opened is not None and self.update is not None:
             # this round's evaluation (opened in the update's calls): the next round's update
             # aggregation agrees its keys in these calls, and its training goes with its masked
@@ -341,6 +385,7 @@ class RemoteRound(AggregationProtocol):
                 # opened during the last evaluation, its keys agreed: the jobs travel with its masked
                 # input, or went with it already (its training speculated during that evaluation)
                 opened, trained = self._take_ahead(round_index, ids)
+                prefetched, self.prefetched = self.prefetched, None
                 bundle = None if trained else self._training_bundle(round_index, ids)
                 if self.evaluation is not None and hasattr(self.layer, "open"):
                     # the evaluation's stages that need no sums ride in this aggregation's first
@@ -355,6 +400,14 @@ class RemoteRound(AggregationProtocol):
             self.layer.client_noise = (rule, self.client_noise.random)
         self.hub.bundle, self.hub.rider = bundle, rider
         try:
+            if purpose == "update" and prefetched is not None and self.collect is not None:
+                # the round's first call, posted at the end of the last evaluation (prefetch): its
+                # evaluation took its part in collect; the consistency replies are this round's
+                # only if it took the aggregation trained ahead
+                session, posted = prefetched
+                replies = self.collect(posted)
+                if session is opened:
+                    opened.take(replies)
             if opened is not None:
                 return self.layer.drive(opened)
             return self.layer.aggregate(round_index, updates, purpose=purpose)
@@ -370,6 +423,9 @@ class RemoteRound(AggregationProtocol):
             if noisy:
                 self.layer.client_noise = None
             self._record(round_index, purpose)
+            if purpose == "statistics" and rider is not None and self.update is not None:
+                # the next round's first call, its training gone ahead: posted now (prefetch)
+                self.update.prefetch(round_index + 1, self)
 
     def _charge(self, round_index: int, trained: set[int], replayed: set[int] | None = None) -> None:
         """The sites that trained (or refused as ``rounds.replayed``: a resumed coordinator's re-run
@@ -504,7 +560,9 @@ class RemoteEvaluator(FederatedEvaluator):
                                    max_error=self.max_error, attempts=1)
         finally:
             if isinstance(protocol, RemoteRound):
-                protocol.first, protocol.opened = None, None
+                protocol.first = None
+                if protocol.opened is not None and protocol.opened.round_index <= round_index:
+                    protocol.opened = None  # a later round's, opened at the end of this one, stays
 
 
 def remote_moments(hub: Hub, protocol: AggregationProtocol, *, features: int, deadline: float,

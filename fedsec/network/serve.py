@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from fedsec.config import ExperimentConfig
 from fedsec.errors import ConfigError
 from fedsec.experiment import Experiment, assemble_experiment, execute_experiment
 from fedsec.fl_core.history import RoundObserver, RoundRecord, TrainingResult
-from fedsec.network.coordinator import Hub, SiteInfo
+from fedsec.network.coordinator import Hub, Sent, SiteInfo
 from fedsec.network.layers import LAYERS, CoordinatorContext
 from fedsec.network.party_audit import PartyAudit
 from fedsec.network.remote import RemoteEvaluator, RemoteRound, RemoteStrategy, remote_moments
@@ -97,6 +98,15 @@ def placeholder_data(config: ExperimentConfig, names: tuple[str, ...],
                                     info={"test_sizes": tests, "classes": list(config.data.classes)})
 
 
+@dataclass(frozen=True)
+class Posted:
+    """A ``layer`` exchange posted and not yet collected: the hub's record of it and the other
+    aggregation whose stage rode in it (None: none did)."""
+
+    sent: Sent
+    rider: Any
+
+
 def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, SiteInfo],
                       observers: list[RoundObserver]) -> tuple[Experiment, RemoteRound, SiteLedgers]:
     """The experiment a coordinator runs (see the module), drawing from the run generator as the
@@ -108,7 +118,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
     rng = np.random.default_rng(config.seed)
     held: dict[str, Any] = {}
 
-    def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+    def post(stage: str, messages: Mapping[int, bytes]) -> Posted:
         # another aggregation's stages that need no contribution ride in the same calls (the
         # evaluation's first two, in the update's first two: docs/deployment.md)
         rider, training = hub.rider, None
@@ -123,11 +133,17 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
             also = {hub.names[c]: ({"purpose": rider.purpose, "stage": second}, m)
                     for c, m in outgoing.items()}
         jobs = {hub.names[c]: ({"stage": stage, "purpose": hub.purpose}, m) for c, m in messages.items()}
-        answers = hub.exchange("layer", hub.round, jobs, deadline, first=hub.take_bundle(), also=also,
-                               also_train=training)
-        if rider is not None:
-            rider.take({hub.names.index(n): body for n, body in hub.also_answers.items()})
+        return Posted(hub.send("layer", hub.round, jobs, deadline, first=hub.take_bundle(), also=also,
+                               also_train=training), rider)
+
+    def collect(posted: Posted) -> dict[int, bytes]:
+        answers = hub.receive(posted.sent)
+        if posted.rider is not None:
+            posted.rider.take({hub.names.index(n): body for n, body in hub.also_answers.items()})
         return {hub.names.index(n): body for n, (_, body) in answers.items()}
+
+    def exchange(stage: str, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        return collect(post(stage, messages))
 
     def protocol(config: ExperimentConfig, data: fl_core.FederatedDataset,
                  rng: np.random.Generator) -> RemoteRound:
@@ -140,6 +156,7 @@ def build_coordinator(config: ExperimentConfig, hub: Hub, sites: Mapping[str, Si
         held["round"] = RemoteRound(layer=layer, hub=hub, strategy=None, deadline=deadline,  # type: ignore[arg-type]
                                     sequential_noise=config.dp.reproducible and config.dp.mode == "dpsgd",
                                     on_trained=lambda r, names: held["ledgers"].trained(r, names))
+        held["round"].post, held["round"].collect = post, collect
         return held["round"]
 
     def strategy(inner: fl_core.Strategy) -> fl_core.Strategy:
@@ -255,6 +272,7 @@ def run_coordinator(config: ExperimentConfig, hub: Hub, out_dir: Path, *, say: A
 
     experiment.extras.append(deployment)
     summary = execute_experiment(experiment, out_dir, audit=False, checkpoints=True, checkpoint=checkpoint)
+    remote.settle()  # a next round's first call posted ahead that the run did not begin
     hub.finish(summary)
     _drain(hub, set(sites))
     return summary

@@ -174,16 +174,21 @@ def test_a_crash_after_a_speculated_rounds_unmask_loses_only_that_round(tmp_path
 
 def test_a_run_that_stops_at_its_target_never_releases_the_speculated_round(tmp_path):
     """Held: ``train.target_accuracy`` reached after round 1: round 2's training and masked input
-    went out with round 1's last call, but no exchange of round 2 follows (no consistency check, no
-    unmask): the coordinator holds only masked inputs of round 2."""
+    went out with round 1's last call, and round 2's consistency check with the next, but no unmask
+    follows: the coordinator holds only masked inputs of round 2."""
     federation = Plain(tmp_path / "d", extra=PLAIN + "[train]\ntarget_accuracy = 0.05\n")
     try:
         summary = federation.coordinator()
         assert summary is not None and summary["rounds_run"] == 1
         assert [s for s, r in federation.log if r == 1][-1] == "layer/unmask+train"
-        assert [s for s, r in federation.log if r == 2] == []  # not one call of round 2
+        # round 2's first call (its consistency check, posted at the end of round 1 since the
+        # prefetch) went out, nothing after it: no unmask, so nothing of round 2 was released
+        assert [s for s, r in federation.log if r == 2] == ["layer/consistency check"]
         for site in federation.sites.values():
             assert ("update", 2) in site.consumed()  # its masked input went out, masked
+        # the coordinator collected that call at the end of the run and recorded the round unbegun
+        aborts = [e for e in read_events(federation.out / "audit.db") if e.action == "abort"]
+        assert [(e.round, e.stage) for e in aborts] == [(2, "masking/update (trained ahead)")]
     finally:
         federation.close()
 

@@ -348,14 +348,15 @@ def test_the_round_takes_a_speculated_aggregation_only_if_it_is_the_loops_round(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point, lost", [((2, 1, False), [2]), ((2, 3, True), [2]), ((2, 5, True), [2, 3])])
+@pytest.mark.parametrize("point, lost", [((2, 2, False), [2]), ((2, 3, True), [2]), ((2, 5, True), [2, 3])])
 def test_a_coordinator_crash_after_a_training_went_ahead_loses_its_round(tmp_path, point, lost):
     """The project's coordinator and four unmodified sites (``test_resume_cut_opened_ahead``),
     without DP, killed at ``point`` (round, call, after its answers) and resumed from its checkpoint:
 
-    - before round 2's first call (its training went with round 1's last call, after round 1's
-      checkpoint), or once round 2 was released (its evaluation's first call answered, round 2
-      not yet checkpointed): round 2 is lost, the others are whole;
+    - before round 2's second call (its training went with round 1's last call, its first call,
+      the consistency check, was posted at the end of round 1; round 1 is checkpointed), or once
+      round 2 was released (its evaluation's first call answered, round 2 not yet checkpointed):
+      round 2 is lost, the others are whole;
     - after round 2's last call was answered (round 2 released, round 3's training gone ahead,
       round 2 not yet checkpointed): rounds 2 and 3 are lost.
 
