@@ -382,3 +382,44 @@ def test_a_coordinator_crash_after_a_training_went_ahead_loses_its_round(tmp_pat
             assert [r for kind, r in site.consumed() if kind == "update"] == [1, 2, 3]
     finally:
         federation.close()
+
+
+@pytest.mark.slow
+def test_the_next_rounds_first_call_is_posted_before_the_round_before_is_recorded(tmp_path, monkeypatch):
+    """``RemoteRound.prefetch``: round 2's first call (its consistency check) leaves before round 1's
+    checkpoint is written, round 3's before round 2's; the run's history, samples, training seeds and
+    both generators equal a run that posts each call only when its round begins."""
+    from fedsec.checkpoint import CheckpointWriter
+    from fedsec.network.remote import RemoteRound
+    from tests.review.test_resume_cut_opened_ahead import Recorded, _generators
+
+    write = CheckpointWriter.after_round
+    runs = {}
+    for name in ("prefetched", "plain"):
+        federation = Recorded(tmp_path / name, extra='[dp]\nmode = "none"\n')
+
+        def recorded(self: Any, record: Any, log: list[Any] = federation.log) -> None:
+            log.append(("checkpoint", record.round))
+            write(self, record)
+
+        monkeypatch.setattr(CheckpointWriter, "after_round", recorded)
+        if name == "plain":
+            monkeypatch.setattr(RemoteRound, "prefetch", lambda self, round_index, evaluation: None)
+        try:
+            assert federation.coordinator() is not None
+            history = list(csv.DictReader(open(federation.out / "history.csv")))
+            runs[name] = (list(federation.log), [{k: r[k] for k in ("round", "status", "participants",
+                                                                    "dropped", "eval_sites")}
+                                                 for r in history],
+                          _generators(federation), dict(federation.training))
+        finally:
+            federation.close()
+    log, history, generators, training = runs["prefetched"]
+    for r in (1, 2):
+        first = log.index(("layer/consistency check", r + 1))
+        assert first < log.index(("checkpoint", r)), log
+        assert runs["plain"][0].index(("layer/consistency check", r + 1)) > runs["plain"][0].index(
+            ("checkpoint", r))
+    assert history == runs["plain"][1] and all(row["status"] == "ok" for row in history)
+    assert generators == runs["plain"][2]
+    assert training == runs["plain"][3] and len(training) == 12
