@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import sqlite3
 
 import pytest
 
@@ -23,19 +22,12 @@ from fedsec.audit.verify import verify_log
 from fedsec.network import demo
 from tests.fedsec.deploy.harness import federation, site_db_has
 from tests.fedsec.deploy.test_serve_resume import _until
+from tests.review.test_cut_kill9_real_processes import _records
 
 pytestmark = pytest.mark.slow
 ROUNDS = 3
 WAIT = 60.0
 POLICY = "[dp]\nrequired = false\n[aggregation]\nmin_sites = 3\n"
-
-
-def _records(state) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
-    db = sqlite3.connect(state / "site.db")
-    try:
-        return db.execute("SELECT kind, round FROM consumed ORDER BY kind, round").fetchall()
-    finally:
-        db.close()
 
 
 def test_a_site_killed_after_its_training_went_ahead_and_restarted(tmp_path):

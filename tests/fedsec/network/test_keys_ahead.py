@@ -127,6 +127,14 @@ class Ring:
 
     def honest(self) -> int:
         """The keys-ahead schedule from round 1's evaluation masked input to round 2's unmask; calls."""
+        calls = self.update_keys_in_evaluation_calls()
+        calls += self.drive(self.evaluation, EVALUATED)
+        calls += self.drive(self.updates[0], NEXT, train=True)
+        return calls
+
+    def update_keys_in_evaluation_calls(self) -> int:
+        """The evaluation's masked input (with its ``evaluate`` jobs) and consistency check, each
+        call carrying round 2's update key stages as its second part; calls made."""
         ev, upd = self.evaluation, self.updates[0]
         calls = 0
         for with_evaluate in (True, False):  # masked input (+ evaluate), consistency check
@@ -142,8 +150,6 @@ class Ring:
                     replies[purpose][c] = reply
             ev.take(replies["statistics"])
             upd.take(replies["update"])
-        calls += self.drive(ev, EVALUATED)
-        calls += self.drive(upd, NEXT, train=True)
         return calls
 
     def drive(self, session: MaskedSession, round_index: int, *, train: bool = False) -> int:

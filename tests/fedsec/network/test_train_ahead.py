@@ -61,27 +61,6 @@ def with_training(job: tuple[dict[str, Any], bytes], train: tuple[dict[str, Any]
     return header, body[:len(body) - size] + train[1] + body[len(body) - size:]
 
 
-def keys_in_evaluation_calls(ring: Ring) -> int:
-    """The evaluation's masked input (with its ``evaluate`` jobs) and consistency check, each call
-    carrying the next round's update key stages; calls made."""
-    ev, upd = ring.evaluation, ring.updates[0]
-    calls = 0
-    for with_evaluate in (True, False):
-        stage, out = ev.outgoing()
-        second, extra = upd.outgoing()
-        replies: dict[str, dict[int, bytes]] = {"update": {}, "statistics": {}}
-        for c in range(N):
-            first = evaluate_job(ring.parties[c], EVALUATED) if with_evaluate else None
-            got = ring.answer(c, *ring.job(c, "statistics", EVALUATED, stage, out[c], first=first,
-                                           also=("update", second, extra[c])))
-            calls += 1
-            for purpose, reply in got.items():
-                replies[purpose][c] = reply
-        ev.take(replies["statistics"])
-        upd.take(replies["update"])
-    return calls
-
-
 def speculated_call(ring: Ring, *, train: bool = True) -> dict[int, dict[str, bytes]]:
     """The evaluation's unmask call, whose second parts carry each site's round-2 training and its
     update's masked input; each site's replies by purpose."""
@@ -105,7 +84,7 @@ def test_the_speculated_schedule_sums_the_evaluation_and_the_next_update_in_five
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        calls = keys_in_evaluation_calls(ring)
+        calls = ring.update_keys_in_evaluation_calls()
         speculated_call(ring)
         calls += N
         assert ring.evaluation.done and ring.updates[0].stage == "consistency check"
@@ -139,7 +118,7 @@ def test_a_training_is_run_only_before_its_update_layers_input_stage(deployment,
         ev, upd = ring.evaluation, ring.updates[0]
         party = ring.parties[0]
         if lie != "before its keys":
-            keys_in_evaluation_calls(ring)
+            ring.update_keys_in_evaluation_calls()
         if lie == "no update layer":
             party.jobs.layers.pop("update")
         if lie == "input given":  # its masked input already went, with its training
@@ -186,7 +165,7 @@ def test_a_malformed_training_part_refuses_the_call_and_records_nothing(deployme
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        keys_in_evaluation_calls(ring)
+        ring.update_keys_in_evaluation_calls()
         party = ring.parties[0]
         stage, out = ring.evaluation.outgoing()
         second, extra = ring.updates[0].outgoing()
@@ -207,7 +186,7 @@ def test_a_refused_second_part_leaves_the_evaluations_answer_as_it_would_be(depl
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        keys_in_evaluation_calls(ring)
+        ring.update_keys_in_evaluation_calls()
         ev, upd = ring.evaluation, ring.updates[0]
         stage, out = ev.outgoing()
         second, extra = upd.outgoing()
