@@ -138,13 +138,16 @@ class RemoteRound(AggregationProtocol):
         calls carry the key stages of the next round's update aggregation (:meth:`open_ahead`)."""
         self.ahead: _Ahead | None = None
         """The next round's update aggregation, opened during this round's evaluation."""
+        self.early: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
+        """An evaluation opened early (:meth:`open_evaluation`), with the evaluation generator's
+        state before and after its draws (drawn from a copy)."""
         self.post: Callable[[str, dict[int, bytes]], Any] | None = None
         self.collect: Callable[[Any], dict[int, bytes]] | None = None
         """Post a ``layer`` exchange without waiting for it, and collect its replies (set by the
         coordinator; the layer's own exchanges are ``collect(post(...))``)."""
-        self.prefetched: tuple[Any, Any] | None = None
+        self.prefetched: tuple[_Ahead, Any] | None = None
         """The first call of the round opened ahead, posted at the end of the round before's
-        evaluation: its aggregation and the posted exchange (:meth:`prefetch`)."""
+        evaluation: that aggregation and the posted exchange (:meth:`prefetch`)."""
         self.released: tuple[bytes, str] | None = None
         """The model the evaluation in flight is of (its body and SHA-256; set by
         :class:`RemoteEvaluator`): the model the next round trains from."""
@@ -172,24 +175,41 @@ class RemoteRound(AggregationProtocol):
         hub = self.hub
         return [k for k, n in enumerate(hub.names) if n in hub.sites and n not in hub.absent]
 
-    def open_evaluation(self, round_index: int) -> Any:
+    def open_evaluation(self, round_index: int, *, early: bool = False) -> Any:
         """Open this round's evaluation sum (this is the evaluation's round) over the sites present
         now, drawing what its :meth:`aggregate` would draw from the evaluation's own generator
         (the simulation's order is kept: the evaluation's draws are of their own stream), so that
         the update's calls carry its stages that need no contribution; None when its layer cannot
-        be opened ahead (every layer but masking) or no site is present."""
-        if self.opened is not None and self.opened.round_index == round_index:
-            return self.opened  # opened at the end of the round before, its first stage posted then
+        be opened ahead (every layer but masking) or no site is present.
+
+        ``early``: opened at the end of the round before (:meth:`prefetch`), before that round is
+        recorded and checkpointed, so from a *copy* of the evaluation generator; the generator
+        itself moves past its draws only when the round opens its evaluation (the call without
+        ``early``) and it still stands where the copy was (review 11b, R11b-1: drawn at once, a
+        stop after the round before, or a resume from its checkpoint, left it past draws the run
+        did not take, or took twice). Otherwise the early one is never driven and one is opened."""
+        rng = self.layer.context.rng
+        early_opened, self.early = self.early, None
+        if not early and early_opened is not None:
+            session, before, after = early_opened
+            if (session is self.opened and session.round_index == round_index
+                    and rng.bit_generator.state == before):
+                rng.bit_generator.state = after
+                return session  # its first stage posted at the end of the round before
         opener = getattr(self.layer, "open", None)
         ids = self.present()
         if opener is None or not ids:
             return None
         length = sums_length(len(self.layer.context.config.data.classes))
         updates = [ClientUpdate(k, np.zeros(length, dtype=np.float32), 1.0) for k in ids]
+        draws = copy.deepcopy(rng) if early else rng
+        before = draws.bit_generator.state
         try:
-            self.opened = opener(round_index, updates, purpose="statistics")
+            self.opened = opener(round_index, updates, purpose="statistics", rng=draws)
         except ProtocolAbort:  # refused before any draw: the evaluation opens it again, and aborts
             self.opened = None
+        if early and self.opened is not None:
+            self.early = (self.opened, before, draws.bit_generator.state)
         return self.opened
 
     def open_ahead(self, round_index: int) -> Any:
@@ -277,13 +297,13 @@ class RemoteRound(AggregationProtocol):
         if (ahead is None or ahead.model is None or self.post is None or ahead.round_index != round_index
                 or ahead.session.done or ahead.session.before_input or ahead.session.stage == "masked input"):
             return
-        rider = evaluation.open_evaluation(round_index)
+        rider = evaluation.open_evaluation(round_index, early=True)
         saved = hub.round, hub.purpose, hub.rider, hub.rider_training
         hub.round, hub.purpose, hub.rider, hub.rider_training = round_index, "update", rider, None
         try:
             stage, outgoing = ahead.session.outgoing()
             if not ahead.session.done:
-                self.prefetched = (ahead.session, self.post(stage, outgoing))
+                self.prefetched = (ahead, self.post(stage, outgoing))
         finally:
             hub.round, hub.purpose, hub.rider, hub.rider_training = saved
 
@@ -293,9 +313,10 @@ class RemoteRound(AggregationProtocol):
         prefetched, self.prefetched = self.prefetched, None
         if prefetched is None or self.collect is None:
             return
-        session, posted = prefetched
-        self.collect(posted)
-        self.hub.audit.event("abort", round=session.round_index,
+        ahead, posted = prefetched
+        ahead.session.take(self.collect(posted))  # a bad reply is its site's misbehaviour (R11b-2)
+        self._record_ahead(ahead)
+        self.hub.audit.event("abort", round=ahead.round_index,
                              stage=f"{self.layer.name}/update (trained ahead)",
                              details={"reason": "the run ended before this round began: its sum was "
                                                 "never released"})
@@ -364,7 +385,7 @@ class RemoteRound(AggregationProtocol):
         if opened is not None and (purpose != "statistics" or opened.round_index != round_index
                                    or [int(u.client_id) for u in updates] != opened.ids):
             opened = None  # not the aggregation it was opened for: it is never driven
-        rider, prefetched = None, None
+        rider = None
         if purpose == "statistics" and opened is not None and self.update is not None:
             # this round's evaluation (opened in the update's calls): the next round's update
             # aggregation agrees its keys in these calls, and its training goes with its masked
@@ -384,8 +405,15 @@ class RemoteRound(AggregationProtocol):
             else:  # the train jobs travel with the layer's first stage: a site that fails them drops out
                 # opened during the last evaluation, its keys agreed: the jobs travel with its masked
                 # input, or went with it already (its training speculated during that evaluation)
-                opened, trained = self._take_ahead(round_index, ids)
                 prefetched, self.prefetched = self.prefetched, None
+                if prefetched is not None and self.collect is not None:
+                    # the round's first call, posted at the end of the last evaluation (prefetch):
+                    # its replies go to the aggregation it was posted for (its evaluation took its
+                    # part in collect), before that is taken or not (a refused one records them:
+                    # review 11b, R11b-2)
+                    ahead, posted = prefetched
+                    ahead.session.take(self.collect(posted))
+                opened, trained = self._take_ahead(round_index, ids)
                 bundle = None if trained else self._training_bundle(round_index, ids)
                 if self.evaluation is not None and hasattr(self.layer, "open"):
                     # the evaluation's stages that need no sums ride in this aggregation's first
@@ -400,14 +428,6 @@ class RemoteRound(AggregationProtocol):
             self.layer.client_noise = (rule, self.client_noise.random)
         self.hub.bundle, self.hub.rider = bundle, rider
         try:
-            if purpose == "update" and prefetched is not None and self.collect is not None:
-                # the round's first call, posted at the end of the last evaluation (prefetch): its
-                # evaluation took its part in collect; the consistency replies are this round's
-                # only if it took the aggregation trained ahead
-                session, posted = prefetched
-                replies = self.collect(posted)
-                if session is opened:
-                    opened.take(replies)
             if opened is not None:
                 return self.layer.drive(opened)
             return self.layer.aggregate(round_index, updates, purpose=purpose)

@@ -424,7 +424,11 @@ PIPELINES: dict[str, list[tuple[Any, Any, Any, bool]]] = {
 evaluate bundled with the primary part), one call to every site of the sessions per step."""
 MUTATIONS = ("honest", "honest", "honest", "replay", "relabel", "shift", "untrained", "late")
 GATE = {TRAIN_NOT_FOR_LAYER, "rounds.invalid", "rounds.replayed", "rounds.retrained", "rounds.plan",
-        "evaluation.round", "model.unknown", "MalformedEnvelope"}
+        "evaluation.round", "model.unknown", "MalformedEnvelope",
+        # the late-setup rules for the search's round-3 session (LATE is round 2's)
+        f"this site's update of round {NEXT + 1} already went into an aggregation",
+        f"this site set up {MAX_LATE_SETUPS} sums of its update of round {NEXT + 1} before their input, "
+        f"the most it sets up"}
 
 
 @st.composite

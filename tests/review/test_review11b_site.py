@@ -24,7 +24,7 @@ from fedsec.fl_core.aggregation import ClientUpdate
 
 from tests.fedsec.network.test_keys_ahead import EVALUATED, NEXT, N, Ring
 from tests.fedsec.network.test_keys_ahead import deployment as deployment  # noqa: F401 (the fixture)
-from tests.fedsec.network.test_train_ahead import keys_in_evaluation_calls, speculated_call
+from tests.fedsec.network.test_train_ahead import speculated_call
 from tests.fedsec.network.test_two_sessions import layer
 
 
@@ -47,7 +47,7 @@ def test_the_prefetched_call_before_the_updates_input_is_refused_and_records_not
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        keys_in_evaluation_calls(ring)
+        ring.update_keys_in_evaluation_calls()
         upd = ring.updates[0]
         before = ring.consumed()
         # the update is at its masked input (from the keys ahead): a consistency check is out of order
@@ -73,7 +73,7 @@ def test_the_prefetched_call_replayed_sums_each_update_at_most_once(deployment, 
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        keys_in_evaluation_calls(ring)
+        ring.update_keys_in_evaluation_calls()
         speculated_call(ring)
         upd = ring.updates[0]
         stage, out = upd.outgoing()
@@ -97,7 +97,7 @@ def test_the_next_evaluation_opened_early_cannot_reuse_the_evaluations_sums(depl
     ring = Ring(deployment, tmp_path)
     try:
         ring.evaluation_keys()
-        keys_in_evaluation_calls(ring)
+        ring.update_keys_in_evaluation_calls()
         work = ring.parties[0].site.work
         early = layer(deployment, ring.config, 77).open(
             NEXT, [ClientUpdate(c, np.zeros(work.evaluation_length, np.float32), 1.0) for c in range(N)],
