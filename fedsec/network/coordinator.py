@@ -69,6 +69,13 @@ class Bundle:
     """The round its jobs are of (None: the exchange's). A ``train`` bundle that travels with the
     second stage message (:meth:`Hub.exchange`'s ``also_train``) is of the next round."""
 
+    def carried(self, name: str, round_index: int | None) -> tuple[dict[str, Any], bytes]:
+        """``name``'s job as it travels inside a job of ``round_index``: its header, with its kind
+        and round, and its body."""
+        header, body = self.jobs[name]
+        own = self.round_index if self.round_index is not None else round_index
+        return {"kind": self.kind, "round": own, **header}, body
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -421,30 +428,24 @@ class Hub:
                 second_header, second = also[name]
                 if name in trained_with:  # its training first, as a bundled first job of its round
                     assert also_train is not None
-                    train_header, train_body = trained_with[name]
-                    train_round = also_train.round_index
-                    posted[name] = self.job(kind, train_round, {
-                        **second_header, "first": {"kind": also_train.kind, "round": train_round,
-                                                   **train_header},
-                        "first_size": len(train_body)}, train_body + second)
+                    train, train_body = also_train.carried(name, round_index)
+                    posted[name] = self.job(kind, train["round"], {
+                        **second_header, "first": train, "first_size": len(train_body)},
+                        train_body + second)
                 else:
                     posted[name] = self.job(kind, round_index, second_header, second)
                 continue
             header, body = jobs[name]
             if first is not None and name in first.jobs:
-                first_header, first_body = first.jobs[name]
-                header = {**header, "first": {"kind": first.kind, "round": round_index, **first_header},
-                          "first_size": len(first_body)}
+                first_header, first_body = first.carried(name, round_index)
+                header = {**header, "first": first_header, "first_size": len(first_body)}
                 body = first_body + body
             if name in also:
                 second_header, second = also[name]
                 if name in trained_with:
                     assert also_train is not None
-                    train_header, train_body = trained_with[name]
-                    second_header = {**second_header, "train": {"kind": also_train.kind,
-                                                                "round": also_train.round_index,
-                                                                **train_header},
-                                     "train_size": len(train_body)}
+                    train, train_body = also_train.carried(name, round_index)
+                    second_header = {**second_header, "train": train, "train_size": len(train_body)}
                     second = train_body + second
                 header = {**header, "also": {**second_header, "size": len(second)}}
                 body = body + second

@@ -193,7 +193,8 @@ def test_a_run_that_stops_at_its_target_never_releases_the_speculated_round(tmp_
         federation.close()
 
 
-def _site_answer(federation: Plain, k: int, rewrite: Any) -> str:
+def rewrite_site(federation: Plain, k: int, rewrite: Any) -> str:
+    """Site k's answers passed through ``rewrite(job header, honest answer)``; the site's name."""
     name = federation.d.sites[k].name
     site = federation.sites[name]
     honest = site.answer
@@ -222,7 +223,7 @@ def test_garbage_in_a_sites_speculated_part_costs_that_site_only(uninterrupted, 
         return reply
 
     try:
-        name = _site_answer(federation, 3, rewrite)
+        name = rewrite_site(federation, 3, rewrite)
         summary = federation.coordinator()
         assert summary is not None and summary["rounds_run"] == ROUNDS
         history = _history(federation.out / "history.csv")
@@ -250,7 +251,7 @@ def test_a_site_lying_replayed_on_the_speculated_training_is_left_out(tmp_path):
         return reply
 
     try:
-        _site_answer(federation, 2, rewrite)
+        rewrite_site(federation, 2, rewrite)
         summary = federation.coordinator()
         assert summary is not None and summary["rounds_run"] == ROUNDS
         history = _history(federation.out / "history.csv")

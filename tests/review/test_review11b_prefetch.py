@@ -53,7 +53,7 @@ from fedsec.network import envelope
 from fedsec.network.remote import RemoteRound
 from tests.fedsec.network import resume_harness
 from tests.review.test_resume_cut_opened_ahead import RealSite, _generators
-from tests.review.test_review11_crash import PLAIN, ROUNDS, NotAhead, Plain, _history
+from tests.review.test_review11_crash import PLAIN, ROUNDS, NotAhead, Plain, _history, rewrite_site
 
 pytestmark = pytest.mark.slow
 TARGET = PLAIN + "[train]\ntarget_accuracy = 0.05\n"
@@ -164,17 +164,16 @@ def same_as(a: Outcome, b: Outcome) -> None:
     assert {n: sorted(u) for n, u in a.consumed.items()} == {n: sorted(u) for n, u in b.consumed.items()}
 
 
-def rewrite_site(federation: Plain, k: int, rewrite: Callable[[dict[str, Any], bytes], bytes]) -> str:
-    name = federation.d.sites[k].name
-    site = federation.sites[name]
-    honest = site.answer
-
-    def answer(payload: bytes) -> bytes:
-        header, _ = envelope.decode(payload)
-        return rewrite(header, honest(payload))
-
-    site.answer = answer  # type: ignore[method-assign]
-    return name
+def junk_in_prefetched(round_index: int) -> Callable[[dict[str, Any], bytes], bytes]:
+    """A rewrite (:func:`rewrite_site`) of the answer to round ``round_index``'s prefetched call:
+    ok, with bytes that are no consistency-check reply (the second part's reply kept)."""
+    def junk(header: dict[str, Any], reply: bytes) -> bytes:
+        if not is_prefetched(header, round_index):
+            return reply
+        head, body = envelope.decode(reply)
+        size = head["also"]["size"] if isinstance(head.get("also"), dict) else 0
+        return envelope.encode(head, b"\x00junk" * 7 + body[len(body) - size:])
+    return junk
 
 
 @pytest.fixture(scope="module")
@@ -261,13 +260,7 @@ def test_a_fault_on_the_prefetched_call_costs_what_it_costs_without_the_prefetch
                 rewrite_site(federation, 3, lambda h, r: envelope.encode(
                     {"job": h["job"], "ok": False, "reason": "no"}) if is_prefetched(h, 2) else r)
             elif fault == "garbage":  # ok, with bytes that are no consistency-check reply
-                def junk(h: dict[str, Any], reply: bytes) -> bytes:
-                    if not is_prefetched(h, 2):
-                        return reply
-                    head, body = envelope.decode(reply)
-                    size = head["also"]["size"]
-                    return envelope.encode(head, b"\x00junk" * 7 + body[len(body) - size:])
-                rewrite_site(federation, 3, junk)
+                rewrite_site(federation, 3, junk_in_prefetched(2))
             elif fault == "malformed":
                 rewrite_site(federation, 3, lambda h, r: b"\x00" * 9 if is_prefetched(h, 2) else r)
 
@@ -362,17 +355,11 @@ def test_a_stop_after_round_1_collects_and_records_the_prefetched_call(tmp_path)
 
 def test_r11b_2_garbage_in_a_prefetched_call_no_round_drives_is_recorded(tmp_path):
     """Site 3 answers round 2's prefetched consistency check ok, with bytes that are no reply; the
-    run stops after round 1 (target): ``settle`` collects the call and drops the replies, so the
-    site's misbehaviour is in no audit event (when round 2 is driven, the same bytes are a
-    ``misbehaved`` event of round 2: ``test_a_fault_on_the_prefetched_call...[garbage]``)."""
+    run stops after round 1 (target): ``settle`` collects the call and gives the replies to its
+    aggregation, so the site's misbehaviour is recorded under round 2, as when round 2 is driven
+    (``test_a_fault_on_the_prefetched_call...[garbage]``). It was recorded nowhere (R11b-2)."""
     def fault(federation: Plain) -> None:
-        def junk(h: dict[str, Any], reply: bytes) -> bytes:
-            if not is_prefetched(h, 2):
-                return reply
-            head, body = envelope.decode(reply)
-            size = head["also"]["size"]
-            return envelope.encode(head, b"\x00junk" * 7 + body[len(body) - size:])
-        rewrite_site(federation, 3, junk)
+        rewrite_site(federation, 3, junk_in_prefetched(2))
 
     on = run(tmp_path / "on", extra=TARGET, fault=fault)
     assert on.prefetched == [2]
